@@ -1,0 +1,6 @@
+"""`python -m partita` is the `partita` command."""
+import sys
+
+from partita.cli import main
+
+sys.exit(main())

@@ -1,0 +1,89 @@
+"""Hardware records shared by the catalog, the simulator and the planner (SI units throughout).
+
+These are the types only; `planner.catalog` reads them from `data/catalog/*.yaml` (human units in
+key names, a `source` for every number) and converts units exactly once, at load.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str                                   # catalog name, e.g. "a100-80gb"
+    display_name: str
+    memory_bytes: int
+    memory_bandwidth_bytes_per_s: float
+    peak_flops: dict[str, float] = field(hash=False)    # dense FLOP/s per precision it supports
+    nvlink_bytes_per_s: float | None = None     # per GPU, one direction (None: no NVLink)
+    pcie_bytes_per_s: float | None = None       # per GPU, one direction
+    source: tuple[str, ...] = ()
+    notes: str = ""
+
+    def supports(self, precision: str) -> bool:
+        return self.peak_flops.get(precision) is not None
+
+    def peak(self, precision: str) -> float:
+        """Dense peak FLOP/s for the matrix work of `precision` (tensor cores where present)."""
+        value = self.peak_flops.get(precision)
+        if value is None:
+            from planner.errors import PartitaError
+            ok = ", ".join(p for p in PRECISIONS if self.supports(p))
+            raise PartitaError(f"precision {precision!r} is not supported by {self.name} (supports: {ok})")
+        return value
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """Links between GPUs of one node."""
+    kind: str                                   # nvswitch | nvlink-cube-mesh | nvlink | pcie | none
+    bytes_per_s: float                          # per GPU, one direction
+    latency_s: float
+    source: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Network:
+    """Links between nodes."""
+    kind: str                                   # efa | infiniband | roce | ethernet | omnipath | none
+    nics: int
+    bytes_per_s: float                          # per node, one direction, all NICs together
+    latency_s: float
+    gpudirect_rdma: bool = False
+    source: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Price:
+    on_demand_usd_per_hour: float | None = None
+    sagemaker_usd_per_hour: float | None = None
+    spot_usd_per_hour: float | None = None
+    date: str | None = None
+    region: str | None = None
+    source: tuple[str, ...] = ()
+
+    @property
+    def best_usd_per_hour(self) -> float | None:
+        """The on-demand price, else SageMaker's, else None (unknown)."""
+        return self.on_demand_usd_per_hour if self.on_demand_usd_per_hour is not None \
+            else self.sagemaker_usd_per_hour
+
+
+@dataclass(frozen=True)
+class System:
+    """A node type one rents or owns: an AWS instance, a DGX, or `local` (this machine)."""
+    name: str
+    kind: str                                   # cloud | sagemaker | onprem | local
+    gpu: GPU
+    gpus_per_node: int
+    intra: Fabric
+    inter: Network
+    vcpus: int | None = None
+    host_memory_bytes: int | None = None
+    price: Price = Price()
+    source: tuple[str, ...] = ()
+    notes: str = ""
+    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
