@@ -41,7 +41,7 @@ class Fabric:
     """Links between GPUs of one node."""
     kind: str                                   # nvswitch | nvlink-cube-mesh | nvlink | pcie | none
     bytes_per_s: float                          # per GPU, one direction
-    latency_s: float
+    latency_s: float | None                     # None: not published (simulator uses calibration)
     source: tuple[str, ...] = ()
 
 
@@ -51,7 +51,7 @@ class Network:
     kind: str                                   # efa | infiniband | roce | ethernet | omnipath | none
     nics: int
     bytes_per_s: float                          # per node, one direction, all NICs together
-    latency_s: float
+    latency_s: float | None                     # None: not published (simulator uses calibration)
     gpudirect_rdma: bool = False
     source: tuple[str, ...] = ()
 
