@@ -1,0 +1,140 @@
+"""Scenario documents: every key of the contract, its type and range, and the consistency rules."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from partita.cli import main
+from planner.errors import PartitaError
+from planner.scenario import load_scenario, parse_scenario
+from planner.paths import SCENARIOS_DIR
+
+BASE = {
+    "name": "t",
+    "model": {"arch": "gpt", "layers": 8, "hidden": 256, "heads": 8, "seq_len": 128, "vocab": 1000},
+    "cluster": {"system": "dgx-a100-80gb", "gpus": 8},
+    "training": {"global_batch": 16, "micro_batch": 2, "precision": "bf16", "recompute": "none"},
+    "parallel": {"tensor": 2, "pipeline": 2, "data": 2, "schedule": "1f1b"},
+}
+
+
+def doc(**changes):
+    d = json.loads(json.dumps(BASE))
+    for path, value in changes.items():
+        keys = path.split("__")
+        node = d
+        for k in keys[:-1]:
+            node = node[k]
+        if value is _DELETE:
+            del node[keys[-1]]
+        else:
+            node[keys[-1]] = value
+    return d
+
+
+_DELETE = object()
+
+
+def test_shipped_examples_load():
+    names = sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml"))
+    assert {"gpt3-175b-a100", "llama2-70b-h100", "t5-3b-p4d", "gpt2-xl-p3"} <= set(names)
+    for name in names:
+        load_scenario(name)
+
+
+def test_defaults_and_microbatches():
+    s = parse_scenario(doc())
+    assert s.parallel.context == 1 and s.parallel.zero == 0 and s.parallel.overlap_grad_reduce
+    assert s.training.optimizer == "adam"
+    assert s.microbatches() == 16 // (2 * 2)
+    assert s.model.resolve().ffn_hidden == 1024
+
+
+def test_yaml_and_json_are_the_same(tmp_path):
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(BASE))
+    (tmp_path / "a.json").write_text(json.dumps(BASE))
+    assert load_scenario(tmp_path / "a.yaml") == load_scenario(tmp_path / "a.json")
+
+
+def test_round_trip_to_dict():
+    s = parse_scenario(doc(parallel__stages=[[0, 3], [3, 8]]))
+    assert parse_scenario(s.to_dict()) == s
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"parallel__tensr": 2}, "parallel.tensr: unknown key; did you mean 'tensor'?"),
+    ({"bogus": 1}, "bogus: unknown key"),
+    ({"parallel__tensor": "eight"}, "parallel.tensor: expected an integer, got 'eight'"),
+    ({"parallel__tensor": 0}, "parallel.tensor: must be >= 1, got 0"),
+    ({"training__precision": "bf61"}, "training.precision: expected one of"),
+    ({"parallel__schedule": "1f1f"}, "did you mean '1f1b'?"),
+    ({"parallel__data": 4}, "= 16, but cluster has 8 GPUs"),
+    ({"training__global_batch": 10}, "global_batch (10) must be divisible by micro_batch*data"),
+    ({"parallel__tensor": 8, "parallel__data": 1, "parallel__pipeline": 1, "model__heads": 4,
+      "model__hidden": 256}, "model.heads (4) must be divisible by parallel.tensor (8)"),
+    ({"parallel__pipeline": 2, "model__layers": 7}, "not divisible by pipeline*virtual_stages"),
+    ({"parallel__stages": [[0, 3], [4, 8]]}, "parallel.stages[1] starts at layer 4, expected 3"),
+    ({"parallel__stages": [[0, 8]]}, "parallel.stages has 1 ranges, expected pipeline*virtual_stages = 2"),
+    ({"parallel__virtual_stages": 2}, "only for schedule interleaved-1f1b"),
+    ({"parallel__schedule": "interleaved-1f1b", "parallel__virtual_stages": 2,
+      "training__global_batch": 12, "training__micro_batch": 2}, "to be a multiple of pipeline"),
+    ({"parallel__zero": 4}, "parallel.zero: expected 0, 1, 2 or 3, got 4"),
+    ({"cluster__nodes": 1}, "cluster: expected exactly one of gpus or nodes"),
+    ({"model__preset": "gpt2-xl"}, "expected exactly one of: transformer dims"),
+    ({"model__arch": "rnn"}, "model.arch: expected one of gpt, llama, bert, t5"),
+    ({"model__seq_len": _DELETE}, "model.seq_len: missing required key"),
+    ({"training": _DELETE}, "training: missing required section"),
+    ({"parallel__sequence_parallel": "yes"}, "parallel.sequence_parallel: expected true or false"),
+])
+def test_bad_documents_name_the_key(changes, message):
+    with pytest.raises(PartitaError) as err:
+        parse_scenario(doc(**changes), origin="f.yaml")
+    assert message in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_llama_needs_ffn_hidden():
+    d = doc(model__arch="llama")
+    with pytest.raises(PartitaError, match="model.ffn_hidden: required for arch llama"):
+        parse_scenario(d)
+
+
+def test_unknown_preset_suggests():
+    d = doc(parallel=_DELETE)
+    d["model"] = {"preset": "gpt2-xxl"}
+    s = parse_scenario(d)
+    with pytest.raises(PartitaError, match="unknown model preset 'gpt2-xxl'; did you mean"):
+        s.model.resolve()
+
+
+@pytest.mark.parametrize("text, message", [
+    ("model: [1, 2", "invalid YAML at line"),
+    ("- just\n- a list\n", "expected a mapping at the top level"),
+])
+def test_malformed_files(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text)
+    with pytest.raises(PartitaError, match=message):
+        load_scenario(path)
+
+
+def test_missing_file_suggests_shipped_example():
+    with pytest.raises(PartitaError, match="did you mean the shipped example 'gpt3-175b-a100'"):
+        load_scenario("gpt3-175b-a10")
+
+
+def test_cli_error_is_one_line(tmp_path, capsys):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    if "simulate" not in _commands():
+        pytest.skip("simulate command not present")
+    assert main(["simulate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and "invalid JSON" in err
+
+
+def _commands():
+    from partita.cli import build_parser
+    return build_parser()._subparsers._group_actions[0].choices
