@@ -22,9 +22,18 @@ class GPU:
     pcie_bytes_per_s: float | None = None       # per GPU, one direction
     source: tuple[str, ...] = ()
     notes: str = ""
+    # Datasheet dense peaks as published; a precision present with None is supported by the part
+    # but its peak is not published. `peak_flops` falls back to `measured_matmul_flops` there.
+    datasheet_flops: dict[str, float | None] = field(default_factory=dict, hash=False, compare=False)
+    measured_matmul_flops: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+    extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
 
     def supports(self, precision: str) -> bool:
         return self.peak_flops.get(precision) is not None
+
+    def peak_is_measured(self, precision: str) -> bool:
+        """True where `peak(precision)` is a measured matmul rate, not a datasheet peak."""
+        return self.datasheet_flops.get(precision) is None and precision in self.measured_matmul_flops
 
     def peak(self, precision: str) -> float:
         """Dense peak FLOP/s for the matrix work of `precision` (tensor cores where present)."""
@@ -32,6 +41,10 @@ class GPU:
         if value is None:
             from planner.errors import PartitaError
             ok = ", ".join(p for p in PRECISIONS if self.supports(p))
+            if precision in self.datasheet_flops:
+                raise PartitaError(f"no FLOP/s figure for {precision} on {self.name}: not published and "
+                                   f"not measured; give gpus[].measured_matmul_tflops.{precision} in a "
+                                   f"--catalog file (known: {ok})")
             raise PartitaError(f"precision {precision!r} is not supported by {self.name} (supports: {ok})")
         return value
 
@@ -39,8 +52,10 @@ class GPU:
 @dataclass(frozen=True)
 class Fabric:
     """Links between GPUs of one node."""
-    kind: str                                   # nvswitch | nvlink-cube-mesh | nvlink | pcie | none
-    bytes_per_s: float                          # per GPU, one direction
+    kind: str                                   # nvswitch | nvlink-cube-mesh | nvlink | pcie | host | none
+                                                # (| custom: set by a scenario's what-if override)
+    bytes_per_s: float | None                   # per GPU, one direction; None: no link (kind none) or
+                                                # not published (a scenario sets cluster.intra_node_gbps)
     latency_s: float | None                     # None: not published (simulator uses calibration)
     source: tuple[str, ...] = ()
 
@@ -50,7 +65,8 @@ class Network:
     """Links between nodes."""
     kind: str                                   # efa | infiniband | roce | ethernet | omnipath | none
     nics: int
-    bytes_per_s: float                          # per node, one direction, all NICs together
+    bytes_per_s: float | None                   # per node, one direction, all NICs together; None: no
+                                                # network or not published (cluster.inter_node_gbps)
     latency_s: float | None                     # None: not published (simulator uses calibration)
     gpudirect_rdma: bool = False
     source: tuple[str, ...] = ()
@@ -64,6 +80,7 @@ class Price:
     date: str | None = None
     region: str | None = None
     source: tuple[str, ...] = ()
+    sagemaker_date: str | None = None           # the SageMaker price's snapshot date when it differs
 
     @property
     def best_usd_per_hour(self) -> float | None:

@@ -1,0 +1,54 @@
+"""A scenario resolved against the catalog: the system (with what-if overrides), GPU count, model shape.
+
+Everything the step simulation needs that is not a cost: which hardware, how many GPUs and nodes,
+the transformer dimensions, the micro-batching and the rank placement. Consistency rules of the
+scenario contract are checked here, once the GPU count is known.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.errors import PartitaError
+from planner.hardware import System
+from planner.modelspec import TransformerDims
+from planner.scenario import ParallelSpec, Scenario, TrainingSpec, check_plan
+from simulator.placement import Placement
+
+@dataclass(frozen=True)
+class StepContext:
+    scenario: Scenario
+    system: System
+    gpus: int
+    dims: TransformerDims
+    parallel: ParallelSpec
+    training: TrainingSpec
+    microbatches: int
+    placement: Placement
+
+    @property
+    def nodes(self) -> int:
+        return self.placement.nodes
+
+
+def resolve(scenario: Scenario, catalog) -> StepContext:
+    where = f"{scenario.origin}: " if scenario.origin else ""
+    if scenario.parallel is None:
+        raise PartitaError(f"{where}no parallel section; run `partita plan` to choose one, "
+                           "or add parallel: {tensor, pipeline, data, ...}")
+    hw = catalog.resolve_cluster(scenario.cluster, origin=scenario.origin)
+    system, gpus = hw.system, hw.gpus
+    if gpus > system.gpus_per_node and gpus % system.gpus_per_node:
+        raise PartitaError(f"{where}cluster.gpus ({gpus}) must fill whole {system.name} nodes "
+                           f"of {system.gpus_per_node} GPUs (or be at most one node)")
+    dims = scenario.model.resolve()
+    if dims is None:
+        raise PartitaError(f"{where}model.module: the simulator needs transformer dims, a preset or "
+                           "an hf_config; profile arbitrary modules with `partita profile`")
+    check_plan(scenario, gpus, dims)
+    system.gpu.peak(scenario.training.precision)     # precision supported by this GPU?
+    p = scenario.parallel
+    placement = Placement(p.tensor, p.context, p.data, p.pipeline,
+                          min(system.gpus_per_node, gpus))
+    return StepContext(scenario=scenario, system=system, gpus=gpus, dims=dims, parallel=p,
+                       training=scenario.training, microbatches=scenario.microbatches(),
+                       placement=placement)
