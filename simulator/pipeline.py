@@ -1,0 +1,310 @@
+"""Timing a pipeline schedule: `simulate_pipeline(schedule, costs) -> PipelineTimeline`.
+
+Each rank runs its compute actions in list order on one compute lane. F(s, mb) waits for the
+activation of F(s-1, mb) (its finish plus the transfer), B or I(s, mb) for the gradient of B or
+I(s+1, mb); the last stage's backward follows its own F, W follows its own I, stage 0's F waits for
+nothing. A finished F or B/I hands its tensor to the next stage at once when that stage is on the
+same rank, or else queues a transfer on the sending rank's send lane, so sending never blocks
+compute.
+
+[Note: transfers] A rank's outgoing transfers are served one at a time in the order its compute
+produced them (a GPU's NVLink or NIC egress is shared by all its peers: two concurrent sends at
+half bandwidth each end when two sends in a row would). This also serializes the transfers on each
+link between a pair of ranks. Every order in the model, compute and send, is therefore fixed by the
+schedule, so each time is a max-plus expression of the inputs: shorter compute or transfer times
+can never lengthen the step, and same input gives the same output. Receiving is not a resource;
+the "recv" spans show where a rank's compute sat waiting for a tensor still in flight (the exposed
+pipeline communication), which is also what an executor sees when it waits on a posted irecv.
+
+The timeline also carries, per stage, when its last backward finished (its data-parallel gradient
+reduction may start then) and the peak number of micro-batches with live activations.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from planner.errors import PartitaError
+from planner.schedule import (COMPUTE_KINDS, Action, ComputationType, Schedule, peak_inflight,
+                              peak_inflight_by_rank, validate)
+from simulator.events import EventLoop
+from simulator.result import Span
+
+_F, _B, _I, _W = 0, 1, 2, 3
+_CODE = {ComputationType.FORWARD: _F, ComputationType.FULL_BACKWARD: _B,
+         ComputationType.BACKWARD_INPUT: _I, ComputationType.BACKWARD_WEIGHT: _W}
+_CAT = ("forward", "backward", "backward-input", "backward-weight")
+
+
+@dataclass(frozen=True)
+class PipelineCosts:
+    """Seconds per micro-batch for each stage (model chunk) and each stage boundary.
+
+    `backward_weight_s` is the W part of the full backward B; I = B - W. Boundary k sits between
+    stages k and k+1: `activation_s[k]` moves F's output from k to k+1, `gradient_s[k]` moves the
+    input gradient from k+1 back to k, and `same_node[k]` says whether the two ranks share a node.
+    """
+    forward_s: tuple[float, ...]
+    backward_s: tuple[float, ...]
+    backward_weight_s: tuple[float, ...]
+    activation_s: tuple[float, ...]
+    gradient_s: tuple[float, ...]
+    same_node: tuple[bool, ...]
+
+    def __post_init__(self) -> None:
+        stages = len(self.forward_s)
+        if stages < 1:
+            raise ValueError("PipelineCosts needs at least one stage")
+        for name, size in (("forward_s", stages), ("backward_s", stages),
+                           ("backward_weight_s", stages), ("activation_s", stages - 1),
+                           ("gradient_s", stages - 1), ("same_node", stages - 1)):
+            values = tuple(getattr(self, name))
+            object.__setattr__(self, name, values)
+            if len(values) != size:
+                raise ValueError(f"PipelineCosts.{name} has {len(values)} entries, expected {size}")
+            if name != "same_node":
+                _check_seconds(name, values)
+        for k, (b, w) in enumerate(zip(self.backward_s, self.backward_weight_s)):
+            if w > b:
+                raise ValueError(f"PipelineCosts: stage {k} backward_weight_s ({w}) exceeds "
+                                 f"backward_s ({b})")
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.forward_s)
+
+    @property
+    def backward_input_s(self) -> tuple[float, ...]:
+        return tuple(b - w for b, w in zip(self.backward_s, self.backward_weight_s))
+
+    @classmethod
+    def uniform(cls, stages: int, forward_s: float, backward_s: float, *,
+                weight_s: float | None = None, activation_s: float = 0.0,
+                gradient_s: float | None = None, same_node: bool = True) -> PipelineCosts:
+        """Identical stages; W defaults to half of B, the gradient transfer to the activation's."""
+        w = backward_s / 2 if weight_s is None else weight_s
+        g = activation_s if gradient_s is None else gradient_s
+        return cls((forward_s,) * stages, (backward_s,) * stages, (w,) * stages,
+                   (activation_s,) * (stages - 1), (g,) * (stages - 1), (same_node,) * (stages - 1))
+
+
+def _check_seconds(name: str, values: tuple[float, ...]) -> None:
+    for k, value in enumerate(values):
+        if not 0 <= value < math.inf:
+            raise ValueError(f"PipelineCosts.{name}[{k}] must be finite and >= 0, got {value}")
+
+
+@dataclass(frozen=True)
+class PipelineTimeline:
+    """One simulated pipeline step in seconds; per-rank tuples by rank, per-stage ones by stage."""
+    makespan_s: float
+    busy_s: tuple[float, ...]             # compute time per rank
+    recv_wait_s: tuple[float, ...]        # compute idle waiting for a tensor in flight, per rank
+    send_s: tuple[float, ...]             # time on each rank's send lane
+    last_backward_s: tuple[float, ...]    # per stage: finish of its last B or W
+    peak_inflight: tuple[int, ...]        # per stage: most micro-batches between F and B/W
+    peak_inflight_rank: tuple[int, ...]   # per rank, summed over its stages
+    num_microbatches: int
+    spans: tuple[Span, ...] = field(default=(), repr=False)
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.busy_s)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.last_backward_s)
+
+    @property
+    def idle_s(self) -> tuple[float, ...]:
+        """Bubble time per rank: the step minus the rank's compute."""
+        return tuple(self.makespan_s - b for b in self.busy_s)
+
+    @property
+    def bubble_fraction(self) -> float:
+        """1 - mean busy / makespan (0 for an empty step)."""
+        if self.makespan_s <= 0:
+            return 0.0
+        return 1.0 - sum(self.busy_s) / len(self.busy_s) / self.makespan_s
+
+
+def simulate_pipeline(schedule: Schedule, costs: PipelineCosts, *, trace: bool = False,
+                      check: bool = True) -> PipelineTimeline:
+    """Time `schedule` (compute actions; comm actions and bubbles are ignored) with `costs`.
+
+    `check=False` skips `validate` in hot loops; a schedule that cannot finish still raises.
+    """
+    p = len(schedule)
+    if p == 0 or costs.num_stages % p:
+        raise PartitaError(f"costs describe {costs.num_stages} stages, not a multiple of the "
+                           f"schedule's {p} ranks")
+    m = _num_microbatches(schedule)
+    if check:
+        validate(schedule, p, m, costs.num_stages // p)
+    run = _Run(schedule, costs, m, trace)
+    run.go()
+    return run.timeline(schedule)
+
+
+def _num_microbatches(schedule: Schedule) -> int:
+    top = -1
+    for actions in schedule.values():
+        for a in actions:
+            if a is not None and a.kind in COMPUTE_KINDS and a.microbatch is not None:
+                top = max(top, a.microbatch)
+    if top < 0:
+        raise PartitaError("schedule has no compute actions")
+    return top + 1
+
+
+class _Run:
+    """The state of one simulation. Dependency slots: [F input | B/I input | W input] x (stage, mb)."""
+
+    def __init__(self, schedule: Schedule, costs: PipelineCosts, m: int, trace: bool):
+        self.p, self.m, self.costs, self.trace = len(schedule), m, costs, trace
+        self.stages = costs.num_stages
+        size = self.stages * m
+        self.size = size
+        self.ready = [-1.0] * (3 * size)          # when the input of the slot exists
+        self.sent = [-1.0] * (3 * size)           # when its producer finished (if transferred)
+        self.waiter = [-1] * (3 * size)
+        for mb in range(m):
+            self.ready[mb] = 0.0                  # stage 0's F waits for nothing
+        self.ops = [self._compile(schedule[r], costs) for r in range(self.p)]
+        self.pos = [0] * self.p
+        self.lane_free = [0.0] * self.p
+        self.send_free = [0.0] * self.p
+        self.busy = [0.0] * self.p
+        self.recv_wait = [0.0] * self.p
+        self.send_busy = [0.0] * self.p
+        self.last_bwd = [0.0] * self.stages
+        self.spans: list[Span] = []
+        self.loop = EventLoop()
+
+    def _compile(self, actions: list[Action | None], costs: PipelineCosts) -> list[tuple]:
+        """(code, stage, mb, duration, slot it waits on) per compute action."""
+        back_in = costs.backward_input_s
+        out = []
+        for a in actions:
+            if a is None or a.kind not in COMPUTE_KINDS:
+                continue
+            code, s, mb = _CODE[a.kind], a.stage, a.microbatch
+            if not 0 <= s < self.stages or mb is None or not 0 <= mb < self.m:
+                raise PartitaError(f"action {a} is outside the {self.stages} stages and "
+                                   f"{self.m} micro-batches of the costs")
+            dur = (costs.forward_s[s], costs.backward_s[s], back_in[s],
+                   costs.backward_weight_s[s])[code]
+            slot = (0 if code == _F else 1 if code != _W else 2) * self.size + s * self.m + mb
+            out.append((code, s, mb, dur, slot))
+        return out
+
+    def go(self) -> None:
+        for r in range(self.p):
+            if self.ops[r]:
+                self._try_start(r)
+        self.loop.run()
+        stuck = [r for r in range(self.p) if self.pos[r] < len(self.ops[r])]
+        if stuck:
+            heads = "; ".join(f"rank {r} waits at {self._name(self.ops[r][self.pos[r]])}"
+                              for r in stuck[:4])
+            raise PartitaError(f"pipeline simulation stalled ({heads}); validate() the schedule "
+                               "for the reason")
+
+    def _try_start(self, r: int) -> None:
+        code, s, mb, dur, slot = self.ops[r][self.pos[r]]
+        t = self.ready[slot]
+        if t < 0:
+            self.waiter[slot] = r
+            return
+        free = self.lane_free[r]
+        if t > free:
+            produced = self.sent[slot]
+            if produced >= 0 and t > max(free, produced):
+                self._recv_wait(r, code, s, mb, max(free, produced), t)
+            free = t
+        self.loop.at(free + dur, self._finish, r, free)
+
+    def _finish(self, r: int, start: float) -> None:
+        code, s, mb, dur, slot = self.ops[r][self.pos[r]]
+        end = self.loop.now
+        self.busy[r] += dur
+        if self.trace:
+            self.spans.append(Span(r, "compute", self._name(self.ops[r][self.pos[r]]), start, end,
+                                   _CAT[code]))
+        self.pos[r] += 1
+        self.lane_free[r] = end
+        key = s * self.m + mb
+        if code == _F:
+            self._forward_done(r, s, mb, key, end)
+        elif code != _W:
+            self._input_grad_done(r, s, mb, key, end, code)
+        if code == _B or code == _W:
+            self.last_bwd[s] = max(self.last_bwd[s], end)
+        if self.pos[r] < len(self.ops[r]):
+            self._try_start(r)
+
+    def _forward_done(self, r: int, s: int, mb: int, key: int, end: float) -> None:
+        if s == self.stages - 1:
+            self._deliver(self.size + key, end, -1.0)          # the loss: backward may start
+        elif (s + 1) % self.p == r:
+            self._deliver(key + self.m, end, -1.0)
+        else:
+            self._transfer(r, s, mb, end, forward=True)
+
+    def _input_grad_done(self, r: int, s: int, mb: int, key: int, end: float, code: int) -> None:
+        if code == _I:
+            self._deliver(2 * self.size + key, end, -1.0)      # W may run now
+        if s == 0:
+            return
+        if (s - 1) % self.p == r:
+            self._deliver(self.size + key - self.m, end, -1.0)
+        else:
+            self._transfer(r, s, mb, end, forward=False)
+
+    def _transfer(self, r: int, s: int, mb: int, end: float, *, forward: bool) -> None:
+        boundary = s if forward else s - 1
+        dur = (self.costs.activation_s if forward else self.costs.gradient_s)[boundary]
+        t0 = max(end, self.send_free[r])
+        t1 = t0 + dur
+        self.send_free[r] = t1
+        self.send_busy[r] += dur
+        if self.trace and dur > 0:
+            kind = "SEND_F" if forward else "SEND_B"
+            self.spans.append(Span(r, "send", f"{s}{kind}{mb}", t0, t1, self._link_cat(boundary)))
+        slot = (0 if forward else self.size) + (s + (1 if forward else -1)) * self.m + mb
+        self._deliver(slot, t1, end)
+
+    def _deliver(self, slot: int, t: float, produced: float) -> None:
+        self.ready[slot] = t
+        self.sent[slot] = produced
+        q = self.waiter[slot]
+        if q >= 0:
+            self.waiter[slot] = -1
+            self._try_start(q)
+
+    def _recv_wait(self, r: int, code: int, s: int, mb: int, t0: float, t1: float) -> None:
+        self.recv_wait[r] += t1 - t0
+        if self.trace:
+            name = f"{s}RECV_F{mb}" if code == _F else f"{s}RECV_B{mb}"
+            boundary = s - 1 if code == _F else s
+            self.spans.append(Span(r, "recv", name, t0, t1, self._link_cat(boundary)))
+
+    def _link_cat(self, boundary: int) -> str:
+        return "pp-intra-node" if self.costs.same_node[boundary] else "pp-inter-node"
+
+    @staticmethod
+    def _name(op: tuple) -> str:
+        code, s, mb = op[0], op[1], op[2]
+        return f"{s}{'FBIW'[code]}{mb}"
+
+    def timeline(self, schedule: Schedule) -> PipelineTimeline:
+        per_stage = peak_inflight(schedule)
+        per_rank = peak_inflight_by_rank(schedule)
+        spans = sorted(self.spans, key=lambda x: (x.rank, x.lane, x.start_s, x.end_s, x.name))
+        return PipelineTimeline(
+            makespan_s=max(max(self.lane_free), max(self.send_free)),
+            busy_s=tuple(self.busy), recv_wait_s=tuple(self.recv_wait),
+            send_s=tuple(self.send_busy), last_backward_s=tuple(self.last_bwd),
+            peak_inflight=tuple(per_stage.get(s, 0) for s in range(self.stages)),
+            peak_inflight_rank=tuple(per_rank.get(r, 0) for r in range(self.p)),
+            num_microbatches=self.m, spans=tuple(spans))
