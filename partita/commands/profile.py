@@ -1,0 +1,187 @@
+"""`partita profile FILE [--json] [--measure] [--micro-batch N]`: per-layer costs of a scenario's model.
+
+Usage:
+    partita profile llama2-70b-h100                # a shipped example: table of layers and totals
+    partita profile my.yaml --json                 # one JSON object (total_params, total_flops, layers)
+    partita profile my.yaml --measure --micro-batch 2   # also time each layer on this machine
+
+The model is profiled on the meta device (planner.profiler): FLOPs, parameters, bytes saved for
+backward and bytes passed on, per layer, for one micro-batch (the scenario's training.micro_batch
+unless --micro-batch) at the scenario's precision. Transformer models also get the simulator's
+predicted forward and backward time of each layer on one GPU of the scenario's cluster.system (no
+tensor or context parallelism; simulator.compute). --measure times each layer forward and backward
+on this machine's accelerator (else the CPU) and reports the achieved TFLOP/s.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from partita.commands import add_catalog_option, catalog_from_args
+
+MIB = 2**20
+W = 12            # width of a numeric column
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("profile", help="per-layer FLOPs, parameters and activation bytes of a model",
+                       description=__doc__.splitlines()[0])
+    p.add_argument("file", metavar="FILE", help="scenario file (YAML/JSON) or a shipped example's name")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--measure", action="store_true",
+                   help="also time each layer forward and backward on this machine")
+    p.add_argument("--micro-batch", type=int, metavar="N", default=None,
+                   help="sequences per micro-batch (default: the scenario's training.micro_batch)")
+    p.add_argument("--device", default=None, help="device for --measure (default: cuda if available, else cpu)")
+    p.add_argument("--repeats", type=int, default=5, metavar="N",
+                   help="timed repetitions per layer for --measure, median kept (default 5)")
+    add_catalog_option(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from planner.errors import PartitaError
+    from planner.scenario import load_scenario
+    from planner.profiler import profile_module
+
+    scenario = load_scenario(args.file)
+    micro_batch = args.micro_batch if args.micro_batch is not None else scenario.training.micro_batch
+    if micro_batch < 1:
+        raise PartitaError(f"--micro-batch: must be >= 1, got {micro_batch}")
+    profile = profile_module(scenario.model, micro_batch=micro_batch, seq_len=scenario.model.seq_len,
+                             precision=scenario.training.precision, measure=args.measure,
+                             device=args.device, repeats=args.repeats,
+                             name=scenario.name or _model_label(scenario.model))
+    prediction = predict(scenario, micro_batch, args)
+    if args.json:
+        print(json.dumps(to_json(profile, prediction)))
+    else:
+        print(format_table(profile, prediction))
+    return 0
+
+
+class Prediction:
+    """Predicted (fwd_s, bwd_s) per layer on one GPU, or why there is none."""
+
+    def __init__(self, gpu: str | None = None, times: list[tuple[float, float]] | None = None,
+                 reason: str = ""):
+        self.gpu, self.times, self.reason = gpu, times, reason
+
+
+def predict(scenario, micro_batch: int, args: argparse.Namespace) -> Prediction:
+    """The simulator's compute model, layer by layer, on the scenario's GPU (tp = cp = 1). A model
+    with no transformer dims, or a system the catalog lacks, gets a reason instead: profiling
+    itself needs no hardware."""
+    from planner.errors import PartitaError
+
+    dims = scenario.model.resolve()
+    if dims is None:
+        return Prediction(reason="a module: model has no transformer dims for the simulator")
+    try:
+        from simulator.calibration import load_calibration
+        gpu = catalog_from_args(args).system(scenario.cluster.system).gpu
+        return Prediction(gpu.name, _layer_times(dims, micro_batch, scenario.training.precision,
+                                                 gpu, load_calibration()))
+    except PartitaError as exc:
+        return Prediction(reason=str(exc).split(" (valid:")[0])
+
+
+def _layer_times(dims, micro_batch: int, precision: str, gpu, cal) -> list[tuple[float, float]]:
+    from planner.costmodel import layer_params
+    from simulator.compute import embedding_times, head_times, layer_times
+
+    out = []
+    for _, kind, _ in layer_params(dims):
+        if kind == "embedding":
+            t = embedding_times(dims, micro_batch, 1, False, 1, precision, gpu, cal)
+        elif kind == "head":
+            t = head_times(dims, micro_batch, 1, False, 1, precision, gpu, cal)
+        else:
+            t = layer_times(dims, micro_batch, 1, False, 1, precision, "none", gpu, cal,
+                            decoder=kind == "decoder")
+        out.append((t.fwd_s, t.bwd_s))
+    return out
+
+
+def _model_label(spec) -> str:
+    if spec.preset:
+        return spec.preset
+    if spec.module:
+        return spec.module
+    dims = spec.resolve()
+    return dims.name or dims.arch
+
+
+def to_json(profile, prediction: Prediction | None = None) -> dict:
+    """The profile as the contract's JSON object; measured layers also carry achieved_flops_per_s,
+    predicted ones predicted_fwd_s / predicted_bwd_s (on `predicted_gpu`)."""
+    from planner.profiler import achieved_flops_per_s
+
+    out = profile.to_dict()
+    if prediction is not None:
+        out["predicted_gpu"] = prediction.gpu
+        if prediction.times is None:
+            out["predicted_unavailable"] = prediction.reason
+    for i, (layer, entry) in enumerate(zip(profile.layers, out["layers"])):
+        rate = achieved_flops_per_s(layer)
+        if rate is not None:
+            entry["achieved_flops_per_s"] = rate
+        if prediction is not None and prediction.times is not None:
+            entry["predicted_fwd_s"], entry["predicted_bwd_s"] = prediction.times[i]
+    return out
+
+
+def format_table(profile, prediction: Prediction | None = None) -> str:
+    from planner.profiler import achieved_flops_per_s
+
+    measured = profile.device is not None
+    predicted = prediction is not None and prediction.times is not None
+    head = f"{'layer':<14}{'params':>16}" + "".join(f"{c:>{W}}" for c in
+                                                   ("fwd GFLOP", "bwd GFLOP", "act MiB", "out MiB"))
+    if predicted:
+        head += f"{'pred fwd ms':>{W}}{'pred bwd ms':>{W}}"
+    if measured:
+        head += f"{'fwd ms':>{W}}{'bwd ms':>{W}}{'TFLOP/s':>{W}}"
+    lines = [_title(profile, prediction), head]
+    for i, layer in enumerate(profile.layers):
+        cells = [layer.fwd_flops / 1e9, layer.bwd_flops / 1e9, layer.activation_bytes / MIB,
+                 layer.output_bytes / MIB]
+        if predicted:
+            cells += [t * 1e3 for t in prediction.times[i]]
+        if measured:
+            cells += [layer.fwd_s * 1e3, layer.bwd_s * 1e3, (achieved_flops_per_s(layer) or 0.0) / 1e12]
+        row = f"{layer.name:<14}{layer.params:>16,}" + "".join(f"{_num(c):>{W}}" for c in cells)
+        lines.append(row)
+    lines.append(_totals(profile, prediction if predicted else None, measured))
+    if prediction is not None and not predicted:
+        lines.append(f"(no predicted times: {prediction.reason})")
+    return "\n".join(lines)
+
+
+def _title(profile, prediction: Prediction | None) -> str:
+    title = (f"{profile.model}: {profile.method} profile, {profile.precision}, micro-batch "
+             f"{profile.micro_batch} x {profile.seq_len} tokens")
+    if prediction is not None and prediction.times is not None:
+        title += f", predicted on one {prediction.gpu}"
+    if profile.device is not None:
+        title += f", timed on {profile.device}"
+    return title
+
+
+def _num(x: float) -> str:
+    """Four significant digits, without switching to exponents for the sizes seen here."""
+    return f"{x:.4g}" if x == 0 or 1e-3 <= abs(x) < 1e7 else f"{x:.3e}"
+
+
+def _totals(profile, prediction: Prediction | None, measured: bool) -> str:
+    layers = profile.layers
+    cells = [_num(sum(l.fwd_flops for l in layers) / 1e9), _num(sum(l.bwd_flops for l in layers) / 1e9),
+             _num(sum(l.activation_bytes for l in layers) / MIB), ""]
+    if prediction is not None:
+        cells += [_num(sum(f for f, _ in prediction.times) * 1e3),
+                  _num(sum(b for _, b in prediction.times) * 1e3)]
+    if measured:
+        fwd, bwd = sum(l.fwd_s for l in layers), sum(l.bwd_s for l in layers)
+        rate = profile.total_flops / (fwd + bwd) if fwd + bwd > 0 else 0.0
+        cells += [_num(fwd * 1e3), _num(bwd * 1e3), _num(rate / 1e12)]
+    return f"{'total':<14}{profile.total_params:>16,}" + "".join(f"{c:>{W}}" for c in cells)

@@ -1,0 +1,254 @@
+"""Analytic per-layer costs of a transformer (no torch): parameters, FLOPs, activation and output bytes.
+
+This is the simulator's fast path; `planner.profiler` measures the same quantities on the torch
+models (planner/models/) and the tests hold the two together: parameters exactly, FLOPs and
+activation bytes to well under 1%.
+
+FLOPs: 2*m*n*k per GEMM, attention scores and attention-over-values included, causal masking not
+discounted, backward = 2 x forward (Narayanan et al. 2021, "Efficient Large-Scale Language Model
+Training on GPU Clusters using Megatron-LM", Sec. 5.1); embeddings, norms and element-wise ops
+count 0. The LM head GEMM belongs to the "head" layer.
+
+[Note: activation bytes] What one micro-batch keeps for backward, per layer, without recompute.
+Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models", Sec.
+4.1) count s*b*h*(34 + 5*a*s/h) bytes per GPT layer at 16-bit: attention 11sbh + 5as^2b (QKV input
+2, q and k 4, softmax output 2as^2b, its dropout mask as^2b, dropout output 2as^2b, v 2, output
+projection input 2, dropout mask 1), MLP 19sbh (input 2, GELU input 8, GELU output 8, dropout mask
+1), layer norms 4sbh. We assume a fused (flash / memory-efficient) attention kernel, as every
+current GPU stack uses: it keeps q, k, v, its output (which is also the output projection's input)
+and an fp32 log-sum-exp per row, so the 5as^2b term is not stored. Our models have no dropout, so
+the three masks go too: a GPT layer at 16-bit keeps 32sbh (34 minus the two 1-byte sbh masks),
+plus the fp32 norm statistics and log-sum-exp that the paper leaves out. Each term is a tensor our
+torch modules save (see planner/models/), so Llama (SwiGLU keeps 4 ffn-wide tensors, RoPE its
+cos/sin tables), BERT, T5 (ReLU keeps 1 ffn-wide tensor; the relative position bias and its bucket
+ids) and grouped-query attention (k, v at kv width) follow from the same accounting. Activations
+are stored at the precision's element size (4 bytes fp32/tf32, 2 bytes otherwise: fp8 training
+keeps bf16 activations), so fp32 doubles the 16-bit terms; statistics are always fp32, indices int64.
+The head includes the fp32 log-softmax of the loss (t * vocab * 4 bytes).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from planner.errors import PartitaError
+from planner.modelspec import TransformerDims
+from planner.profile import LayerProfile, ModelProfile
+
+PRECISION_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}   # params and activations
+FP32 = 4
+INDEX = 8              # int64 token / position / bucket ids
+T5_BUCKETS = 32        # T5's relative_attention_num_buckets
+
+
+class Gemm(NamedTuple):
+    """One forward matrix multiply, (m x k) @ (k x n). Attention's batched products fold
+    batch x heads into m."""
+
+    name: str
+    m: int
+    n: int
+    k: int
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+def element_bytes(precision: str) -> int:
+    if precision not in PRECISION_BYTES:
+        raise PartitaError(f"training.precision: expected one of {', '.join(PRECISION_BYTES)}, "
+                           f"got {precision!r}")
+    return PRECISION_BYTES[precision]
+
+
+# ---- parameters ------------------------------------------------------------------------------
+
+def _attn_params(d: TransformerDims, bias: bool) -> int:
+    qw, kvw = d.heads * d.head_dim, d.kv_heads * d.head_dim
+    weights = d.hidden * (qw + 2 * kvw) + qw * d.hidden
+    return weights + ((qw + 2 * kvw + d.hidden) if bias else 0)
+
+
+def _mlp_params(d: TransformerDims, bias: bool) -> int:
+    if d.arch == "llama":
+        return 3 * d.hidden * d.ffn_hidden
+    return 2 * d.hidden * d.ffn_hidden + ((d.ffn_hidden + d.hidden) if bias else 0)
+
+
+def layer_params(d: TransformerDims) -> list[tuple[str, str, int]]:
+    """(name, kind, parameters) per pipeline layer, each shared tensor counted in its first layer
+    (a tied LM head in the embedding, T5's relative position bias in the stack's first block)."""
+    h, v = d.hidden, d.vocab
+    untied = 0 if d.tie_embeddings else v * h
+    if d.arch == "t5":
+        enc = [2 * h + _attn_params(d, False) + _mlp_params(d, False)
+               + (T5_BUCKETS * d.heads if i == 0 else 0) + (h if i == d.layers - 1 else 0)
+               for i in range(d.layers)]
+        dec = [3 * h + 2 * _attn_params(d, False) + _mlp_params(d, False)
+               + (T5_BUCKETS * d.heads if i == 0 else 0) for i in range(d.decoder_layers)]
+        return ([("embedding", "embedding", v * h)]
+                + [(f"encoder.{i}", "encoder", p) for i, p in enumerate(enc)]
+                + [(f"decoder.{i}", "decoder", p) for i, p in enumerate(dec)]
+                + [("head", "head", h + untied)])
+    if d.arch == "llama":
+        emb, block, head = v * h, 2 * h + _attn_params(d, False) + _mlp_params(d, False), h + untied
+    elif d.arch == "gpt":
+        emb = (v + d.max_positions) * h
+        block, head = 4 * h + _attn_params(d, True) + _mlp_params(d, True), 2 * h + untied
+    else:   # bert: word, position, token-type embeddings + LayerNorm; MLM head transform + bias
+        emb = (v + d.max_positions + d.type_vocab) * h + 2 * h
+        block = 4 * h + _attn_params(d, True) + _mlp_params(d, True)
+        head = h * h + h + 2 * h + v + untied
+    return ([("embedding", "embedding", emb)]
+            + [(f"block.{i}", "block", block) for i in range(d.layers)] + [("head", "head", head)])
+
+
+def total_params(d: TransformerDims) -> int:
+    return sum(p for _, _, p in layer_params(d))
+
+
+# ---- GEMMs and FLOPs -------------------------------------------------------------------------
+
+def attention_gemms(d: TransformerDims, b: int, s_q: int, s_kv: int, *, prefix: str = "attn",
+                    tensor: int = 1) -> list[Gemm]:
+    """q/k/v projections, scores q k^T, probabilities x v, output projection; heads split `tensor`
+    ways (k/v heads replicated when fewer than `tensor`, as Megatron does)."""
+    h, hd = d.hidden, d.head_dim
+    heads, kv = d.heads // tensor, max(d.kv_heads // tensor, 1)
+    tq, tkv = b * s_q, b * s_kv
+    return [Gemm(f"{prefix}.q_proj", tq, heads * hd, h), Gemm(f"{prefix}.k_proj", tkv, kv * hd, h),
+            Gemm(f"{prefix}.v_proj", tkv, kv * hd, h), Gemm(f"{prefix}.scores", b * heads * s_q, s_kv, hd),
+            Gemm(f"{prefix}.context", b * heads * s_q, hd, s_kv), Gemm(f"{prefix}.o_proj", tq, h, heads * hd)]
+
+
+def mlp_gemms(d: TransformerDims, tokens: int, *, tensor: int = 1) -> list[Gemm]:
+    h, f = d.hidden, d.ffn_hidden // tensor
+    gate = [Gemm("mlp.gate_proj", tokens, f, h)] if d.arch == "llama" else []
+    return gate + [Gemm("mlp.up_proj", tokens, f, h), Gemm("mlp.down_proj", tokens, h, f)]
+
+
+def block_gemms(dims: TransformerDims, micro_batch: int, *, tokens: int | None = None,
+                kind: str | None = None, tensor: int = 1) -> list[Gemm]:
+    """The forward GEMMs of one block ("block"; for t5 "encoder" (default) or "decoder").
+
+    tokens: query tokens per sequence on this rank (default seq_len; seq_len / context-parallel
+    degree under context parallelism); keys and values always span the whole seq_len.
+    tensor: tensor-parallel degree (each rank's share of heads and ffn columns)."""
+    s_q = dims.seq_len if tokens is None else tokens
+    kind = kind or ("encoder" if dims.arch == "t5" else "block")
+    gemms = attention_gemms(dims, micro_batch, s_q, dims.seq_len, tensor=tensor)
+    if kind == "decoder":
+        gemms += attention_gemms(dims, micro_batch, s_q, dims.seq_len, prefix="cross_attn",
+                                 tensor=tensor)
+    return gemms + mlp_gemms(dims, micro_batch * s_q, tensor=tensor)
+
+
+def head_gemms(d: TransformerDims, micro_batch: int) -> list[Gemm]:
+    t = micro_batch * d.seq_len
+    transform = [Gemm("transform", t, d.hidden, d.hidden)] if d.arch == "bert" else []
+    return transform + [Gemm("lm_head", t, d.vocab, d.hidden)]
+
+
+def _fwd_flops(d: TransformerDims, kind: str, micro_batch: int) -> int:
+    if kind == "embedding":
+        return 0
+    gemms = head_gemms(d, micro_batch) if kind == "head" else block_gemms(d, micro_batch, kind=kind)
+    return sum(g.flops for g in gemms)
+
+
+def model_flops_per_step(dims: TransformerDims, global_batch: int) -> float:
+    """Forward + backward FLOPs of one optimizer step of `global_batch` sequences, no recompute.
+    For GPT with ffn = 4h this is exactly Narayanan et al. 2021, eq. 3 without recomputation:
+    72 B s l h^2 (1 + s/(6h) + V/(12 l h))."""
+    per_seq = sum(3 * _fwd_flops(dims, kind, 1) for _, kind, _ in layer_params(dims))
+    return float(per_seq * global_batch)
+
+
+# ---- activation bytes (see [Note: activation bytes]) -----------------------------------------
+
+def _norm(d: TransformerDims, t: int, p: int) -> int:
+    """A norm keeps its input and fp32 statistics (LayerNorm mean + rstd, RMSNorm rstd)."""
+    stats = 1 if d.arch in ("llama", "t5") else 2
+    return t * d.hidden * p + stats * t * FP32
+
+
+def _attention(d: TransformerDims, b: int, s_q: int, s_kv: int, p: int, *, bias: bool,
+               cross: bool = False) -> int:
+    """Input of the projections (query and memory inputs for cross-attention), q, k, v, kernel
+    output (also the o_proj input) + fp32 log-sum-exp; T5's bias values and bucket ids; Llama's
+    RoPE tables."""
+    qw, kvw, h = d.heads * d.head_dim, d.kv_heads * d.head_dim, d.hidden
+    inputs = b * s_q * h + (b * s_kv * h if cross else 0)
+    elems = inputs + 2 * b * s_q * qw + 2 * b * s_kv * kvw
+    extra = b * d.heads * s_q * FP32
+    if bias:
+        extra += d.heads * s_q * s_kv * p + s_q * s_kv * INDEX
+    if d.arch == "llama":
+        extra += 2 * s_q * d.head_dim * p
+    return elems * p + extra
+
+
+def _mlp(d: TransformerDims, t: int, p: int) -> int:
+    """MLP input plus the ffn-wide tensors: GELU in/out (2), ReLU out (1), SwiGLU gate, up,
+    silu(gate), product (4)."""
+    wide = {"llama": 4, "t5": 1}.get(d.arch, 2)
+    return t * d.hidden * p + wide * t * d.ffn_hidden * p
+
+
+def _block_activation(d: TransformerDims, kind: str, b: int, p: int, last: bool) -> int:
+    s, t = d.seq_len, b * d.seq_len
+    if kind == "decoder":
+        return (3 * _norm(d, t, p) + _attention(d, b, s, s, p, bias=True)
+                + _attention(d, b, s, s, p, bias=False, cross=True) + _mlp(d, t, p))
+    norms = 2 + (1 if last else 0)
+    return norms * _norm(d, t, p) + _attention(d, b, s, s, p, bias=d.arch == "t5") + _mlp(d, t, p)
+
+
+def _head_activation(d: TransformerDims, b: int, p: int) -> int:
+    t = b * d.seq_len
+    loss = t * d.vocab * FP32 + t * INDEX + FP32          # fp32 log-softmax, targets, total weight
+    transform = 2 * t * d.hidden * p if d.arch == "bert" else 0   # dense input, GELU input
+    return transform + _norm(d, t, p) + t * d.hidden * p + loss
+
+
+def _embedding_activation(d: TransformerDims, b: int, p: int) -> int:
+    s = d.seq_len * (2 if d.arch == "t5" else 1)
+    ids = b * s * INDEX
+    if d.arch in ("gpt", "bert"):
+        ids += s * INDEX                                   # position ids
+    return ids + (_norm(d, b * s, p) if d.arch == "bert" else 0)
+
+
+def _activation(d: TransformerDims, name: str, kind: str, b: int, p: int) -> int:
+    if kind == "embedding":
+        return _embedding_activation(d, b, p)
+    if kind == "head":
+        return _head_activation(d, b, p)
+    return _block_activation(d, kind, b, p, last=name == f"encoder.{d.layers - 1}")
+
+
+def _output_bytes(d: TransformerDims, kind: str, b: int, p: int) -> int:
+    if kind == "head":
+        return b * d.seq_len * d.vocab * p
+    chain = 2 * d.seq_len if d.arch == "t5" else d.seq_len
+    return b * chain * d.hidden * p
+
+
+# ---- the profile -----------------------------------------------------------------------------
+
+def analytic_profile(dims: TransformerDims, *, micro_batch: int, precision: str,
+                     name: str = "") -> ModelProfile:
+    """Per-layer costs of one micro-batch of `micro_batch` sequences of dims.seq_len tokens."""
+    if micro_batch < 1:
+        raise PartitaError(f"training.micro_batch: must be >= 1, got {micro_batch}")
+    p = element_bytes(precision)
+    layers = []
+    for lname, kind, params in layer_params(dims):
+        fwd = _fwd_flops(dims, kind, micro_batch)
+        layers.append(LayerProfile(
+            name=lname, kind=kind, params=params, param_bytes=params * p, fwd_flops=float(fwd),
+            bwd_flops=float(2 * fwd), matmul_flops=float(fwd),
+            activation_bytes=_activation(dims, lname, kind, micro_batch, p),
+            output_bytes=_output_bytes(dims, kind, micro_batch, p)))
+    return ModelProfile(model=name or dims.name or dims.arch, method="analytic", precision=precision,
+                        micro_batch=micro_batch, seq_len=dims.seq_len, layers=tuple(layers))

@@ -1,0 +1,121 @@
+"""Transformer dimensions from a Hugging Face `config.json` mapping (no transformers import needed).
+
+Supported `model_type`s: gpt2, llama, mistral (a Llama shape), bert and t5 (original, ReLU). Missing
+keys take the defaults of the transformers configuration classes (GPT2Config, LlamaConfig,
+MistralConfig, BertConfig, T5Config); a key that changes the architecture beyond what the torch
+models implement (biases in Llama, gated T5 feed-forward, ...) is rejected rather than ignored,
+so parameter counts stay exact. seq_len defaults to the config's maximum positions (512 for t5).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from planner.documents import Checker
+from planner.errors import PartitaError, unknown_name
+from planner.modelspec import TransformerDims
+
+WHERE = "model.hf_config"
+
+# canonical key -> alias accepted in its place (the config classes' attribute_map)
+ALIASES = {
+    "gpt2": {"n_layer": "num_hidden_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
+             "n_positions": "max_position_embeddings"},
+    "t5": {"d_model": "hidden_size", "num_heads": "num_attention_heads", "num_layers": "num_hidden_layers",
+           "d_kv": "head_dim"},
+}
+
+
+class _Config:
+    """Typed reads of the config with HF defaults; errors name `model.hf_config.<key>`."""
+
+    def __init__(self, cfg: dict[str, Any], model_type: str):
+        self.check = Checker(cfg, WHERE, "")
+        self.aliases = ALIASES.get(model_type, {})
+
+    def key(self, key: str) -> str:
+        alias = self.aliases.get(key)
+        if not self.check.has(key) and alias and self.check.has(alias):
+            return alias
+        return key
+
+    def int(self, key: str, default: int | None) -> int | None:
+        return self.check.int(self.key(key), default)
+
+    def bool(self, key: str, default: bool) -> bool:
+        return self.check.bool(key, default)
+
+    def require(self, key: str, allowed: tuple[Any, ...], default: Any) -> None:
+        """Reject a value the torch models do not implement (it would change the parameters)."""
+        value = self.check.mapping.get(key, default)
+        if value not in allowed:
+            shown = ", ".join(repr(a) for a in allowed)
+            raise self.check.error(f"only {shown} supported, got {value!r}", key)
+
+
+def dims_from_hf_config(cfg: dict[str, Any]) -> TransformerDims:
+    """The `TransformerDims` of a Hugging Face config dict (see the module docstring)."""
+    if not isinstance(cfg, dict):
+        raise PartitaError(f"{WHERE}: expected a mapping, got {type(cfg).__name__}")
+    model_type = cfg.get("model_type")
+    if model_type is None:
+        raise PartitaError(f"{WHERE}.model_type: missing required key "
+                           f"(expected one of {', '.join(sorted(READERS))})")
+    if model_type not in READERS:
+        raise unknown_name(f"{WHERE}.model_type", str(model_type), READERS)
+    return READERS[model_type](_Config(cfg, model_type))
+
+
+def _gpt2(c: _Config) -> TransformerDims:
+    """GPT2Config defaults (transformers 4.x/5.x)."""
+    c.require("add_cross_attention", (False,), False)
+    hidden, positions = c.int("n_embd", 768), c.int("n_positions", 1024)
+    return TransformerDims(
+        arch="gpt", layers=c.int("n_layer", 12), hidden=hidden, heads=c.int("n_head", 12),
+        ffn_hidden=c.int("n_inner", 4 * hidden), seq_len=positions, max_positions=positions,
+        vocab=c.int("vocab_size", 50257), tie_embeddings=c.bool("tie_word_embeddings", True))
+
+
+def _llama(c: _Config, defaults: dict[str, int]) -> TransformerDims:
+    c.require("attention_bias", (False,), False)
+    c.require("mlp_bias", (False,), False)
+    c.require("hidden_act", ("silu",), "silu")
+    heads = c.int("num_attention_heads", 32)
+    return TransformerDims(
+        arch="llama", layers=c.int("num_hidden_layers", 32), hidden=c.int("hidden_size", 4096),
+        heads=heads, kv_heads=c.int("num_key_value_heads", defaults["kv_heads"] or heads),
+        ffn_hidden=c.int("intermediate_size", defaults["ffn"]), head_dim=c.int("head_dim", 0),
+        seq_len=c.int("max_position_embeddings", defaults["positions"]),
+        vocab=c.int("vocab_size", 32000), tie_embeddings=c.bool("tie_word_embeddings", False))
+
+
+def _bert(c: _Config) -> TransformerDims:
+    """BertConfig defaults."""
+    positions = c.int("max_position_embeddings", 512)
+    return TransformerDims(
+        arch="bert", layers=c.int("num_hidden_layers", 12), hidden=c.int("hidden_size", 768),
+        heads=c.int("num_attention_heads", 12), ffn_hidden=c.int("intermediate_size", 3072),
+        seq_len=positions, max_positions=positions, vocab=c.int("vocab_size", 30522),
+        type_vocab=c.int("type_vocab_size", 2), tie_embeddings=c.bool("tie_word_embeddings", True))
+
+
+def _t5(c: _Config) -> TransformerDims:
+    """T5Config defaults (t5-small); v1.1's gated-gelu feed-forward is not implemented."""
+    c.require("feed_forward_proj", ("relu",), "relu")
+    c.require("relative_attention_num_buckets", (32,), 32)
+    c.require("relative_attention_max_distance", (128,), 128)
+    layers = c.int("num_layers", 6)
+    return TransformerDims(
+        arch="t5", layers=layers, decoder_layers=c.int("num_decoder_layers", layers),
+        hidden=c.int("d_model", 512), heads=c.int("num_heads", 8), head_dim=c.int("d_kv", 64),
+        ffn_hidden=c.int("d_ff", 2048), seq_len=c.int("n_positions", 512),
+        vocab=c.int("vocab_size", 32128), tie_embeddings=c.bool("tie_word_embeddings", True))
+
+
+READERS: dict[str, Callable[[_Config], TransformerDims]] = {
+    "gpt2": _gpt2,
+    "llama": lambda c: _llama(c, {"kv_heads": 0, "ffn": 11008, "positions": 2048}),   # LlamaConfig
+    "mistral": lambda c: _llama(c, {"kv_heads": 8, "ffn": 14336, "positions": 4096 * 32}),
+    "bert": _bert,
+    "t5": _t5,
+}
