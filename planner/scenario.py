@@ -29,7 +29,7 @@ CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
-                 "overlap_param_gather")
+                 "overlap_param_gather", "tp_comm_overlap")
 
 
 @dataclass(frozen=True)
@@ -63,6 +63,7 @@ class ParallelSpec:
     zero: int = 0
     overlap_grad_reduce: bool = True
     overlap_param_gather: bool = True
+    tp_comm_overlap: bool = False                       # TP collectives hidden behind GEMMs (TE userbuffers)
     grad_reduce: str = "auto"
     stages: tuple[tuple[int, int], ...] | None = None   # block ranges [start, stop) per model chunk
 
@@ -113,6 +114,10 @@ class Scenario:
                    "sequence_parallel": p.sequence_parallel, "schedule": p.schedule,
                    "virtual_stages": p.virtual_stages, "zero": p.zero,
                    "overlap_grad_reduce": p.overlap_grad_reduce, "grad_reduce": p.grad_reduce}
+            if not p.overlap_param_gather:
+                par["overlap_param_gather"] = False
+            if p.tp_comm_overlap:
+                par["tp_comm_overlap"] = True
             if p.stages is not None:
                 par["stages"] = [list(s) for s in p.stages]
             out["parallel"] = par
@@ -225,6 +230,7 @@ def _parse_parallel(c: Checker) -> ParallelSpec:
         schedule=schedule, virtual_stages=virtual, zero=zero,
         overlap_grad_reduce=c.bool("overlap_grad_reduce", True),
         overlap_param_gather=c.bool("overlap_param_gather", True),
+        tp_comm_overlap=c.bool("tp_comm_overlap", False),
         grad_reduce=c.choice("grad_reduce", GRAD_REDUCE, "auto"),
         stages=_parse_stages(c))
 

@@ -1,0 +1,242 @@
+"""Compute time of transformer layers on one GPU: matmuls, flash-style attention, elementwise traffic.
+
+Every kernel is a roofline with calibrated efficiencies (data/calibration/compute.yaml):
+    matmul       max(2mnk / (peak * eff(ideal time)), bytes / (HBM * mem_eff(bytes)), kernel floor)
+    attention    FLOPs of the unmasked part / (peak * attention efficiency)
+    elementwise  bytes / (HBM * mem_eff(bytes))   (norms, activations, residual adds, RoPE, loss)
+A transformer block is sharded by tensor parallelism `tp` (Megatron column/row split: GEMM n or k
+divided by tp, heads divided by tp), context parallelism `cp` (each rank holds seq/cp queries and
+attends over the whole sequence through the ring) and sequence parallelism `sp` (norms and residuals
+on tokens/tp). Backward matmul work is twice the forward's, split into input-gradient and
+weight-gradient GEMMs (the zero-bubble schedule runs them apart). FLOPs match the 6*N*tokens
+convention (Narayanan et al. 2021, eq. 3): each GEMM is 2mnk forward, 4mnk backward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.costmodel import Gemm, element_bytes
+from planner.errors import PartitaError
+from planner.hardware import GPU
+from planner.modelspec import TransformerDims
+from simulator.calibration import Calibration, GpuCalibration
+
+RECOMPUTE = ("none", "selective", "full")
+CAUSAL_FRACTION = 0.5      # flash kernels skip the masked upper triangle (FA2/FA3 count it so too)
+FLASH_BWD_FACTOR = 2.5     # flash backward: 5 matmuls (recomputes QK^T) against 2 forward (FA2 paper)
+ELEMENTWISE_BWD_FACTOR = 2.0   # backward reads the saved input and the incoming gradient, writes one
+
+
+@dataclass(frozen=True)
+class LayerTimes:
+    """Seconds for one micro-batch through one layer on one GPU.
+
+    bwd_s = bwd_input_s + bwd_weight_s; recompute_s is extra forward work done before the backward
+    (the caller adds it to the backward). `parts` breaks the forward and backward down by kind.
+    """
+    fwd_s: float
+    bwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+    recompute_s: float = 0.0
+    parts: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+
+    def __add__(self, other: "LayerTimes") -> "LayerTimes":
+        parts = dict(self.parts)
+        for key, value in other.parts.items():
+            parts[key] = parts.get(key, 0.0) + value
+        return LayerTimes(self.fwd_s + other.fwd_s, self.bwd_s + other.bwd_s,
+                          self.bwd_input_s + other.bwd_input_s,
+                          self.bwd_weight_s + other.bwd_weight_s,
+                          self.recompute_s + other.recompute_s, parts)
+
+
+def attention_precision(gpu: GPU, precision: str) -> str:
+    """Attention runs in bf16 (else fp16) under fp8 training, as Transformer Engine does."""
+    if precision != "fp8":
+        return precision
+    return "bf16" if gpu.supports("bf16") else "fp16"
+
+
+# ---- kernels ----
+
+def gemm_time(m: int, n: int, k: int, gpu: GPU, precision: str, cal: Calibration) -> float:
+    """Seconds for one (m x k) @ (k x n) matmul."""
+    return _gemm(m, n, k, gpu, precision, cal.gpu(gpu.name))
+
+
+def _gemm(m: int, n: int, k: int, gpu: GPU, precision: str, g: GpuCalibration) -> float:
+    peak = gpu.peak(precision)
+    ideal = 2.0 * m * n * k / peak
+    compute = ideal / g.matmul_efficiency(precision, ideal, gpu.peak_is_measured(precision))
+    nbytes = (m * k + k * n + m * n) * element_bytes(precision)
+    memory = nbytes / (gpu.memory_bandwidth_bytes_per_s * g.memory_efficiency(nbytes))
+    return max(compute, memory, g.kernel_floor_s)
+
+
+def elementwise_time(nbytes: float, gpu: GPU, cal: Calibration) -> float:
+    """Seconds for a memory-bound kernel that reads and writes `nbytes` in all."""
+    return _elementwise(nbytes, gpu, cal.gpu(gpu.name))
+
+
+def _elementwise(nbytes: float, gpu: GPU, g: GpuCalibration) -> float:
+    if nbytes <= 0:
+        return 0.0
+    t = nbytes / (gpu.memory_bandwidth_bytes_per_s * g.memory_efficiency(nbytes))
+    return max(t, g.kernel_floor_s)
+
+
+def attention_flops(batch: int, heads: int, q_len: int, kv_len: int, head_dim: int) -> float:
+    """Forward FLOPs of softmax(QK^T)V counted in full (Megatron convention, no causal discount)."""
+    return 4.0 * batch * heads * q_len * kv_len * head_dim
+
+
+def attention_time(flops: float, causal: bool, gpu: GPU, precision: str, cal: Calibration,
+                   *, backward: bool = False) -> float:
+    """Seconds of a flash-style attention kernel given its full forward FLOPs."""
+    return _attention(flops, causal, gpu, precision, cal.gpu(gpu.name), backward)
+
+
+def _attention(flops: float, causal: bool, gpu: GPU, precision: str, g: GpuCalibration,
+               backward: bool) -> float:
+    if flops <= 0:
+        return 0.0
+    work = flops * (CAUSAL_FRACTION if causal else 1.0)
+    peak = gpu.peak(attention_precision(gpu, precision))
+    if backward:
+        return max(FLASH_BWD_FACTOR * work / (peak * g.attention_backward), g.kernel_floor_s)
+    return max(work / (peak * g.attention_forward), g.kernel_floor_s)
+
+
+# ---- shapes of one block ----
+
+def _heads(dims: TransformerDims, tp: int) -> tuple[int, int]:
+    """Query heads and key/value heads on one TP rank (kv heads replicate when fewer than tp)."""
+    return dims.heads // tp, max(dims.kv_heads // tp, 1)
+
+
+def block_gemms(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 1,
+                *, decoder: bool = False) -> list[Gemm]:
+    """The matmuls of one block forward on one TP rank (attention core excluded), fused as
+    Megatron-LM runs them (one QKV GEMM, one gate+up GEMM); the same FLOPs as
+    planner.costmodel.block_gemms, whose unfused list also holds the attention core."""
+    tokens = micro_batch * dims.seq_len // cp
+    q_heads, kv_heads = _heads(dims, tp)
+    hd, h = dims.head_dim, dims.hidden
+    gated = dims.arch == "llama"
+    ffn_local = dims.ffn_hidden // tp
+    out = [Gemm("qkv", tokens, (q_heads + 2 * kv_heads) * hd, h),
+           Gemm("attn_out", tokens, h, q_heads * hd)]
+    if decoder:                                       # t5 cross-attention over the encoder output
+        out += [Gemm("cross_q", tokens, q_heads * hd, h),
+                Gemm("cross_kv", tokens, 2 * kv_heads * hd, h),
+                Gemm("cross_out", tokens, h, q_heads * hd)]
+    out += [Gemm("mlp_up", tokens, (2 if gated else 1) * ffn_local, h),
+            Gemm("mlp_down", tokens, h, ffn_local)]
+    return out
+
+
+def _block_elementwise_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: bool,
+                             precision: str, decoder: bool) -> float:
+    """Forward bytes read plus written by the block's memory-bound kernels (dropout-free)."""
+    e = element_bytes(precision)
+    tokens = micro_batch * dims.seq_len / cp
+    norm_tokens = tokens / tp if sp else tokens      # without SP every TP rank repeats them
+    h = dims.hidden
+    sublayers = 3 if decoder else 2
+    norms = sublayers * 2 * norm_tokens * h          # read x, write normed x
+    residuals = sublayers * 3 * norm_tokens * h      # read two, write one
+    ffn_local = dims.ffn_hidden / tp
+    act = (3 if dims.arch == "llama" else 2) * tokens * ffn_local   # SwiGLU reads gate and up
+    rope = 0.0
+    if dims.arch == "llama":
+        q_heads, kv_heads = _heads(dims, tp)
+        rope = 2 * tokens * (q_heads + kv_heads) * dims.head_dim
+    return e * (norms + residuals + act + rope)
+
+
+def _block_attention_flops(dims: TransformerDims, micro_batch: int, tp: int,
+                           cp: int) -> float:
+    q_heads, _ = _heads(dims, tp)
+    return attention_flops(micro_batch, q_heads, dims.seq_len // cp, dims.seq_len, dims.head_dim)
+
+
+# ---- layers ----
+
+def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
+                precision: str, recompute: str, gpu: GPU, cal: Calibration,
+                *, decoder: bool = False) -> LayerTimes:
+    """One transformer block (a t5 decoder block with decoder=True) for one micro-batch."""
+    if recompute not in RECOMPUTE:
+        raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
+                           f"got {recompute!r}")
+    g = cal.gpu(gpu.name)
+    gemm_f = gemm_i = gemm_w = 0.0
+    for gm in block_gemms(dims, micro_batch, tp, cp, decoder=decoder):
+        gemm_f += _gemm(gm.m, gm.n, gm.k, gpu, precision, g)
+        gemm_i += _gemm(gm.m, gm.k, gm.n, gpu, precision, g)     # dX = dY @ W^T
+        gemm_w += _gemm(gm.k, gm.n, gm.m, gpu, precision, g)     # dW = X^T @ dY
+    causal = dims.arch in ("gpt", "llama") or decoder
+    flops = _block_attention_flops(dims, micro_batch, tp, cp)
+    attn_f = _attention(flops, causal, gpu, precision, g, False)
+    attn_b = _attention(flops, causal, gpu, precision, g, True)
+    if decoder:                                     # cross-attention: never masked
+        attn_f += _attention(flops, False, gpu, precision, g, False)
+        attn_b += _attention(flops, False, gpu, precision, g, True)
+    ew_bytes = _block_elementwise_bytes(dims, micro_batch, tp, cp, sp, precision, decoder)
+    ew_f = _elementwise(ew_bytes, gpu, g)
+    ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes, gpu, g)
+    fwd = gemm_f + attn_f + ew_f
+    recompute_s = {"none": 0.0, "selective": attn_f, "full": fwd}[recompute]
+    bwd_input = gemm_i + attn_b + ew_b
+    parts = {"gemm_fwd": gemm_f, "attention_fwd": attn_f, "elementwise_fwd": ew_f,
+             "gemm_bwd_input": gemm_i, "gemm_bwd_weight": gemm_w, "attention_bwd": attn_b,
+             "elementwise_bwd": ew_b}
+    return LayerTimes(fwd, bwd_input + gemm_w, bwd_input, gemm_w, recompute_s, parts)
+
+
+def embedding_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
+                    precision: str, gpu: GPU, cal: Calibration) -> LayerTimes:
+    """Token (+ position, + token-type) lookup; its backward accumulates into the tables only.
+
+    With a vocab-parallel table every TP rank looks up all tokens (rows it does not own read as
+    zero) before the all-reduce or reduce-scatter, which is communication and not counted here.
+    """
+    g = cal.gpu(gpu.name)
+    tokens = micro_batch * dims.seq_len / cp * (2 if dims.arch == "t5" else 1)
+    tables = {"gpt": 2, "bert": 3}.get(dims.arch, 1)          # word (+ position) (+ token type)
+    nbytes = element_bytes(precision) * tokens * dims.hidden * (tables + 1)   # reads + one write
+    fwd = _elementwise(nbytes, gpu, g)
+    bwd = _elementwise(ELEMENTWISE_BWD_FACTOR * nbytes, gpu, g)
+    return LayerTimes(fwd, bwd, 0.0, bwd, 0.0, {"elementwise_fwd": fwd, "elementwise_bwd": bwd})
+
+
+def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
+               precision: str, gpu: GPU, cal: Calibration) -> LayerTimes:
+    """Final norm, LM head GEMM (vocab split over tp) and the cross-entropy loss (fp32)."""
+    g = cal.gpu(gpu.name)
+    e = element_bytes(precision)
+    tokens = micro_batch * dims.seq_len // cp
+    vocab_local = dims.vocab // tp
+    gemm_f = _gemm(tokens, vocab_local, dims.hidden, gpu, precision, g)
+    gemm_i = _gemm(tokens, dims.hidden, vocab_local, gpu, precision, g)
+    gemm_w = _gemm(dims.hidden, vocab_local, tokens, gpu, precision, g)
+    norm_tokens = tokens / tp if sp else tokens
+    norm = 2 * e * norm_tokens * dims.hidden
+    # Loss: upcast the logits to fp32, max, exp, sum (about 3 fp32 passes); backward writes
+    # softmax - one_hot back at the activation precision.
+    loss_f = tokens * vocab_local * (e + 3 * 4)
+    loss_b = tokens * vocab_local * (4 + e)
+    ew_f = _elementwise(norm, gpu, g) + _elementwise(loss_f, gpu, g)
+    ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * norm, gpu, g) + _elementwise(loss_b, gpu, g)
+    bwd_input = gemm_i + ew_b
+    parts = {"gemm_fwd": gemm_f, "elementwise_fwd": ew_f, "gemm_bwd_input": gemm_i,
+             "gemm_bwd_weight": gemm_w, "elementwise_bwd": ew_b}
+    return LayerTimes(gemm_f + ew_f, bwd_input + gemm_w, bwd_input, gemm_w, 0.0, parts)
+
+
+def block_matmul_flops(dims: TransformerDims, micro_batch: int, *, decoder: bool = False) -> float:
+    """Forward matmul FLOPs of one whole block (all TP ranks, attention core included)."""
+    gemms = sum(g.flops for g in block_gemms(dims, micro_batch, 1, 1, decoder=decoder))
+    attn = attention_flops(micro_batch, dims.heads, dims.seq_len, dims.seq_len, dims.head_dim)
+    return gemms + attn * (2 if decoder else 1)

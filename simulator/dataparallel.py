@@ -1,0 +1,120 @@
+"""Data-parallel gradient reduction overlapped with the backward pass, and the optimizer update.
+
+Gradients of a model chunk are ready bucket by bucket while its last micro-batch's backward runs
+(PyTorch DDP and Megatron-LM both launch a bucket's reduction as soon as it fills; Li et al. 2020
+"PyTorch Distributed", Sec. 3.2.3). A rank's reductions share its network lane, one after the
+other; only the last bucket of the rank's last chunk cannot overlap at all. Algorithms:
+- zero 0: all-reduce of fp32 main gradients (ring, tree, hierarchical or parameter server).
+- zero 1 / 2 (Megatron distributed optimizer, DeepSpeed ZeRO-1/2): reduce-scatter of gradients,
+  then after the update an all-gather of the 16-bit parameters, hidden behind the next step's
+  forward when `overlap_param_gather` (Megatron-Core `--overlap-param-gather`).
+- zero 3: reduced per block inside the backward (see stagecosts); nothing left at the end.
+"""
+from __future__ import annotations
+
+from planner.modelspec import TransformerDims
+from planner.stages import chunk_ranges
+from simulator.compute import element_bytes
+from simulator.context import StepContext
+from simulator.memory import block_parameters, embedding_parameters, head_parameters
+from simulator.network import Group, Topology, collective
+from simulator.result import Span
+
+GRAD_BYTES = 4                   # Megatron-LM reduces fp32 main grads (accumulate-allreduce-grads-in-fp32)
+BUCKET_PARAMS = 40_000_000       # Megatron-Core DDP default bucket size (elements)
+# Adam touches per parameter: read fp32 master, grad, m, v; write master, m, v, 16-bit copy;
+# plus one read of the grads for the global norm (clipping): 4*4 + 3*4 + 2 + 4 bytes.
+ADAM_BYTES_PER_PARAM = 34.0
+SGD_BYTES_PER_PARAM = 22.0
+
+
+def chunk_parameters(dims: TransformerDims, ctx: StepContext) -> list[float]:
+    """Parameters of each model chunk on one TP rank (embedding with chunk 0, head with the last)."""
+    p = ctx.parallel
+    ranges = chunk_ranges(dims.total_layers, p)
+    word, replicated = embedding_parameters(dims)
+    table, head_extra = head_parameters(dims)
+    out = []
+    for i, (a, b) in enumerate(ranges):
+        n_dec = max(0, b - max(a, dims.layers)) if dims.arch == "t5" else 0
+        n = (b - a - n_dec) * block_parameters(dims) + n_dec * block_parameters(dims, decoder=True)
+        n /= p.tensor
+        if i == 0:
+            n += word / p.tensor + replicated
+        if i == len(ranges) - 1:
+            n += head_extra + table / p.tensor
+            if len(ranges) > 1 and dims.tie_embeddings:
+                n += word / p.tensor
+        out.append(n)
+    return out
+
+
+def _dp_group(ctx: StepContext) -> Group:
+    shape = ctx.placement.dp_group()
+    return Group(shape.n, shape.per_node, concurrent=shape.per_node * shape.sharing)
+
+
+def reduction_time(ctx: StepContext, topo: Topology, params: float) -> float:
+    """Seconds to reduce `params` parameters' gradients across the data-parallel group."""
+    p = ctx.parallel
+    if p.data <= 1 or p.zero >= 3 or params <= 0:
+        return 0.0
+    group = _dp_group(ctx)
+    if p.zero == 0:
+        return collective("allreduce", p.grad_reduce, params * GRAD_BYTES, group, topo)
+    algo = "ring" if p.grad_reduce in ("auto", "ring") else "ring"
+    return collective("reduce_scatter", algo, params * GRAD_BYTES, group, topo)
+
+
+def param_gather_time(ctx: StepContext, topo: Topology, params: float) -> float:
+    """ZeRO-1/2: all-gather of the updated 16-bit parameters (exposed unless overlapped)."""
+    p = ctx.parallel
+    if p.data <= 1 or p.zero not in (1, 2) or p.overlap_param_gather:
+        return 0.0
+    e = element_bytes(ctx.training.precision)
+    return collective("all_gather", "auto", params * e, _dp_group(ctx), topo)
+
+
+def dp_finish_times(ctx: StepContext, topo: Topology, cal, timeline, costs, rank_ends,
+                    *, trace: bool = False):
+    """Per pipeline rank, when its gradients are reduced (>= its last backward)."""
+    p = ctx.parallel
+    params = chunk_parameters(ctx.dims, ctx)
+    ends, spans = [], []
+    for r in range(p.pipeline):
+        chunks = sorted(range(r, len(params), p.pipeline),
+                        key=lambda c: timeline.last_backward_s[c])
+        lane = 0.0
+        for c in chunks:
+            t_red = reduction_time(ctx, topo, params[c])
+            if t_red <= 0:
+                continue
+            done = timeline.last_backward_s[c]
+            last_bucket = t_red * min(1.0, BUCKET_PARAMS / max(params[c], 1.0))
+            if p.overlap_grad_reduce:
+                ready = done - costs.backward_s[c]
+                start = max(ready, lane)
+                lane = max(start + t_red, done + last_bucket)
+            else:
+                start = max(done, lane, rank_ends[r])
+                lane = start + t_red
+            if trace:
+                spans.append(Span(r, "dp", f"{c}REDUCE_GRAD", start, lane, "comm"))
+        gather = param_gather_time(ctx, topo, sum(params[c] for c in chunks))
+        ends.append(max(rank_ends[r], lane) + gather)
+    return ends, spans
+
+
+def optimizer_time(ctx: StepContext, cal) -> float:
+    """The optimizer update of the largest rank's parameter shard: memory-bound."""
+    p, t = ctx.parallel, ctx.training
+    params = chunk_parameters(ctx.dims, ctx)
+    per_rank = max(sum(params[c] for c in range(r, len(params), p.pipeline))
+                   for r in range(p.pipeline))
+    if p.zero >= 1:
+        per_rank /= p.data * p.context
+    per_param = ADAM_BYTES_PER_PARAM if t.optimizer == "adam" else SGD_BYTES_PER_PARAM
+    nbytes = per_rank * per_param
+    gpu = ctx.system.gpu
+    eff = cal.gpu(gpu.name).memory_efficiency(nbytes)
+    return nbytes / (gpu.memory_bandwidth_bytes_per_s * eff)

@@ -1,0 +1,262 @@
+"""Per-GPU memory of one rank: parameters, gradients, optimizer state, activations, the rest.
+
+Parameters, gradients and optimizer state follow mixed-precision training (Micikevicius et al.
+2018) as Megatron-LM keeps it: 16-bit weights, fp32 main gradients, an fp32 master copy and Adam's
+two fp32 moments, 2 + 4 + 4 + 8 = 18 bytes per parameter (megatron/training/
+theoretical_memory_usage.py); fp32 training keeps 4 + 4 + 8. ZeRO (Rajbhandari et al. 2020,
+Sec. 5: (2 + 2 + K) * psi / N_d) shards over the data-parallel (times context-parallel) group: stage
+1 the optimizer state (Megatron's distributed optimizer, 6 + 12/d), stage 2 also the gradients (kept
+16-bit as DeepSpeed does), stage 3 also the parameters, plus two layers' gathered parameters.
+
+Activations per transformer layer follow Korthikanti et al. 2022 ("Reducing Activation
+Recomputation", Sec. 4.1, Table 2): s*b*h*(34 + 5*a*s/h) bytes at 16-bit with no parallelism,
+(10 + 24/t + 5as/(ht)) with tensor parallelism, (34 + 5as/h)/t with sequence parallelism;
+selective recomputation drops the 5as/h attention-score term, full recomputation keeps only the
+layer input (2sbh). A flash-style attention kernel never stores the scores, so with
+`flash_attention=True` (the compute model's kernel) the 5as/h term is absent whatever the recompute.
+A rank holds the activations of the micro-batches in flight (`activation_microbatches`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from planner.errors import PartitaError
+from planner.modelspec import TransformerDims
+from planner.scenario import ParallelSpec, TrainingSpec
+from simulator.calibration import Calibration
+from simulator.compute import element_bytes
+
+KEYS = ("parameters", "gradients", "optimizer", "activations", "other")
+OPTIMIZER_STATE_BYTES = {"adam": 8.0, "sgd": 4.0}     # Adam: two fp32 moments; SGD: fp32 momentum
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes on one GPU. `other` = logits buffer + ZeRO-3 gathered layers + framework reserve."""
+    parameters: float
+    gradients: float
+    optimizer: float
+    activations: float
+    other: float
+    details: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def total_bytes(self) -> int:
+        return int(round(self.parameters + self.gradients + self.optimizer + self.activations
+                         + self.other))
+
+    @property
+    def allocated_bytes(self) -> int:
+        """What the framework allocates (torch.cuda.max_memory_allocated), without the reserve."""
+        return int(round(self.total_bytes - self.details.get("framework_reserve", 0.0)))
+
+    def breakdown(self) -> dict[str, int]:
+        return {k: int(round(getattr(self, k))) for k in KEYS}
+
+
+# ---- parameter counts ----
+
+def _attention_params(dims: TransformerDims, biases: bool) -> int:
+    h, hq, hkv = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
+    weights = h * (hq + 2 * hkv) + hq * h
+    return weights + ((hq + 2 * hkv + h) if biases else 0)
+
+
+def block_parameters(dims: TransformerDims, *, decoder: bool = False) -> int:
+    """Parameters of one transformer block (a t5 decoder block with decoder=True)."""
+    h, f = dims.hidden, dims.ffn_hidden
+    if dims.arch == "llama":                        # RMSNorm x2, no biases, SwiGLU (gate, up, down)
+        return _attention_params(dims, False) + 3 * h * f + 2 * h
+    if dims.arch == "t5":                           # RMS-style norms, no biases, ReLU MLP
+        sub = 3 if decoder else 2
+        return _attention_params(dims, False) * (2 if decoder else 1) + 2 * h * f + sub * h
+    # gpt and bert: LayerNorm (weight + bias) x2, biases everywhere, GELU MLP
+    return _attention_params(dims, True) + 2 * h * f + f + h + 2 * 2 * h
+
+
+def embedding_parameters(dims: TransformerDims) -> tuple[int, int]:
+    """(vocab-parallel word table, replicated position / token-type tables and norms)."""
+    h = dims.hidden
+    word = dims.vocab * h
+    if dims.arch == "gpt":
+        return word, dims.max_positions * h
+    if dims.arch == "bert":
+        return word, (dims.max_positions + dims.type_vocab) * h + 2 * h
+    return word, 0
+
+
+def head_parameters(dims: TransformerDims) -> tuple[int, int]:
+    """(vocab-parallel output table if untied, replicated final norm / BERT MLM transform)."""
+    h = dims.hidden
+    table = 0 if dims.tie_embeddings else dims.vocab * h
+    extra = {"gpt": 2 * h, "llama": h, "t5": 2 * h,
+             "bert": h * h + h + 2 * h + dims.vocab}.get(dims.arch, 0)
+    return table, extra
+
+
+def bytes_per_parameter(precision: str, optimizer: str, zero: int,
+                        shard: int) -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes per parameter on one GPU."""
+    if optimizer not in OPTIMIZER_STATE_BYTES:
+        raise PartitaError(f"training.optimizer: expected one of "
+                           f"{', '.join(OPTIMIZER_STATE_BYTES)}, got {optimizer!r}")
+    if zero not in (0, 1, 2, 3):
+        raise PartitaError(f"parallel.zero: expected 0, 1, 2 or 3, got {zero!r}")
+    wide = precision in ("fp32", "tf32")
+    weights = 4.0 if wide else 2.0
+    grads = 4.0 if (wide or zero < 2) else 2.0          # Megatron: fp32 main grads; ZeRO-2/3: 16-bit
+    states = OPTIMIZER_STATE_BYTES[optimizer] + (0.0 if wide else 4.0)   # + fp32 master copy
+    return (weights / shard if zero >= 3 else weights, grads / shard if zero >= 2 else grads,
+            states / shard if zero >= 1 else states)
+
+
+# ---- activations ----
+
+def _has_dropout(dims: TransformerDims) -> bool:
+    return dims.arch != "llama"                  # Korthikanti counts dropout masks; llama has none
+
+
+def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int = 1, sp: bool = False,
+                           cp: int = 1, precision: str = "bf16", recompute: str = "none",
+                           flash_attention: bool = True, decoder: bool = False) -> float:
+    """Bytes one block keeps for its backward, for one micro-batch (Korthikanti et al. 2022)."""
+    e = element_bytes(precision)
+    sb = dims.seq_len / cp * micro_batch
+    h = dims.hidden
+    if recompute == "full":
+        return e * sb * h / (tp if sp else 1)
+    hd = dims.head_dim
+    q_heads, kv_heads = dims.heads // tp, max(dims.kv_heads // tp, 1)
+    gated = dims.arch == "llama"
+    attn_blocks = 2 if decoder else 1
+    sublayers = 3 if decoder else 2
+    # replicated across TP ranks unless sequence parallel: norm inputs, GEMM inputs (+ masks)
+    replicated = e * (2 * sublayers) * h + (sublayers if _has_dropout(dims) else 0) * h
+    # TP-sharded: Q, K, V, attention output (O-proj input), MLP up output and activation output
+    sharded = e * attn_blocks * ((q_heads + 2 * kv_heads) * hd + q_heads * hd)
+    sharded += e * ((2 if gated else 1) + 1) * dims.ffn_hidden / tp
+    if flash_attention:
+        sharded += attn_blocks * 4 * q_heads                   # fp32 logsumexp per query and head
+    elif recompute == "none":                                  # scores, softmax, dropout (5as/h)
+        score_bytes = 5 if _has_dropout(dims) else 2
+        sharded += attn_blocks * score_bytes * q_heads * dims.seq_len
+    return sb * (replicated / (tp if sp else 1) + sharded)
+
+
+def activation_microbatches(schedule: str, pipeline: int, microbatches: int, rank: int = 0,
+                            virtual: int = 1) -> float:
+    """Micro-batches' worth of a pipeline rank's activations held at the peak.
+
+    gpipe: all m (fill then drain); 1f1b and zero-bubble (ZB-H1, Qi et al. 2023): p - rank;
+    interleaved-1f1b: Megatron's warm-up of 2(p - rank - 1) + (v - 1)p chunk micro-batches plus one,
+    in units of 1/v of the rank's layers (Narayanan et al. 2021, Sec. 2.2.2: p(1 + (p-1)/(pv))
+    for the first rank).
+    """
+    p, m = pipeline, microbatches
+    if p <= 1:
+        return 1.0
+    if schedule == "gpipe":
+        return float(m)
+    if schedule in ("1f1b", "zero-bubble"):
+        return float(min(p - rank, m))
+    if schedule == "interleaved-1f1b":
+        chunks = 2 * (p - rank - 1) + (virtual - 1) * p + 1
+        return min(chunks, m * virtual) / virtual
+    raise PartitaError(f"parallel.schedule: expected one of gpipe, 1f1b, interleaved-1f1b, "
+                       f"zero-bubble, got {schedule!r}")
+
+
+# ---- one rank ----
+
+def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, optimizer: str,
+                 recompute: str, cal: Calibration, tp: int = 1, dp: int = 1, cp: int = 1,
+                 sp: bool = False, zero: int = 0, pipeline: int = 1, blocks: int | None = None,
+                 decoder_blocks: int = 0, first: bool = True, last: bool = True,
+                 inflight: float = 1.0, flash_attention: bool = True) -> MemoryEstimate:
+    """Memory of one GPU holding `blocks` encoder/decoder-only blocks and `decoder_blocks` t5
+    decoder blocks (default: the whole model), `inflight` micro-batches of activations."""
+    if blocks is None:
+        blocks, decoder_blocks = dims.layers, dims.decoder_layers
+    shard = dp * cp
+    word, replicated = embedding_parameters(dims)
+    table, head_extra = head_parameters(dims)
+    params = (blocks * block_parameters(dims) + decoder_blocks * block_parameters(dims, decoder=True)) / tp
+    if first:
+        params += word / tp + replicated
+    if last:
+        params += head_extra + table / tp
+        if pipeline > 1 and dims.tie_embeddings:
+            params += word / tp                 # Megatron keeps a copy of the tied table here
+    w, g, o = bytes_per_parameter(precision, optimizer, zero, shard)
+    kw = dict(tp=tp, sp=sp, cp=cp, precision=precision, recompute=recompute,
+              flash_attention=flash_attention)
+    per_mb = (blocks * block_activation_bytes(dims, micro_batch, **kw)
+              + decoder_blocks * block_activation_bytes(dims, micro_batch, decoder=True, **kw))
+    tokens = dims.seq_len / cp * micro_batch
+    h = dims.hidden
+    if first:                     # token ids (int64) and the embedding dropout mask (Megatron)
+        per_mb += 8 * tokens + (tokens * h / (tp if sp else 1) if _has_dropout(dims) else 0.0)
+    activations = per_mb * inflight
+    details: dict[str, float] = {"parameter_count": params}
+    other = 0.0
+    if last:                      # final-norm and head inputs, fp32 logits in the loss
+        e = element_bytes(precision)
+        logits = 2 * e * tokens * h / (tp if sp else 1) + 4 * tokens * dims.vocab / tp
+        details["logits"] = logits
+        other += logits
+    if zero >= 3:                 # two layers' full parameters gathered at once (prefetch)
+        layer = block_parameters(dims, decoder=decoder_blocks > 0) / tp
+        gathered = 2 * layer * (4.0 if precision in ("fp32", "tf32") else 2.0)
+        details["zero3_gathered"] = gathered
+        other += gathered
+    allocated = params * (w + g + o) + activations + other
+    reserve = cal.memory.reserve_bytes(allocated)
+    details["framework_reserve"] = reserve
+    return MemoryEstimate(params * w, params * g, params * o, activations, other + reserve, details)
+
+
+def _stage_blocks(dims: TransformerDims, parallel: ParallelSpec) -> list[tuple[int, int]]:
+    """(encoder-or-only blocks, t5 decoder blocks) per pipeline rank, all its chunks together."""
+    p, v = parallel.pipeline, parallel.virtual_stages
+    total = dims.total_layers
+    if parallel.stages is not None:
+        ranges = list(parallel.stages)
+    else:
+        chunks = p * v
+        base, extra = divmod(total, chunks)
+        sizes = [base + (1 if i < extra else 0) for i in range(chunks)]
+        starts = [sum(sizes[:i]) for i in range(chunks)]
+        ranges = [(a, a + n) for a, n in zip(starts, sizes)]
+    out = [[0, 0] for _ in range(p)]
+    for chunk, (a, b) in enumerate(ranges):
+        rank = chunk % p
+        enc = max(0, min(b, dims.layers) - a)
+        out[rank][0] += enc
+        out[rank][1] += (b - a) - enc
+    return [(e, d) for e, d in out]
+
+
+def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: ParallelSpec,
+                    cal: Calibration, *, microbatches: int | None = None,
+                    inflight: Sequence[float] | None = None,
+                    flash_attention: bool = True) -> tuple[MemoryEstimate, ...]:
+    """Memory of each pipeline rank of a plan (the largest is the scenario's peak). `inflight`:
+    per rank, from the pipeline simulation; default the closed form of `activation_microbatches`."""
+    p = parallel.pipeline
+    m = microbatches if microbatches is not None else max(
+        1, training.global_batch // (training.micro_batch * parallel.data))
+    blocks = _stage_blocks(dims, parallel)
+    out = []
+    for rank in range(p):
+        held = inflight[rank] if inflight is not None else activation_microbatches(
+            parallel.schedule, p, m, rank, parallel.virtual_stages)
+        enc, dec = blocks[rank]
+        out.append(stage_memory(
+            dims, micro_batch=training.micro_batch, precision=training.precision,
+            optimizer=training.optimizer, recompute=training.recompute, cal=cal,
+            tp=parallel.tensor, dp=parallel.data, cp=parallel.context,
+            sp=parallel.sequence_parallel, zero=parallel.zero, pipeline=p, blocks=enc,
+            decoder_blocks=dec, first=(rank == 0), last=(rank == p - 1), inflight=held,
+            flash_attention=flash_attention))
+    return tuple(out)

@@ -1,0 +1,388 @@
+"""Collective and point-to-point communication times over a two-tier topology (closed forms).
+
+A `Topology` has an intra-node tier (per-GPU links: NVSwitch, NVLink, PCIe) and an inter-node tier
+(the node's NICs, shared by its GPUs). A `Group` says how many ranks talk and how they spread over
+nodes. Every function returns seconds for a buffer of `nbytes` per rank, as nccl-tests' "size":
+
+    time = base latency + steps * step latency + moved bytes / achieved rate(message size)
+
+where the moved bytes per rank follow nccl-tests doc/PERFORMANCE.md (all-reduce 2(n-1)/n,
+reduce-scatter and all-gather (n-1)/n) and the achieved rate is wire * efficiency * S/(S + n_1/2),
+at least a quarter of wire * efficiency where NCCL's low-latency protocol applies
+(data/calibration/network.yaml). Across nodes, the groups of a node that run the same collective at
+once (`Group.concurrent` GPUs) share the node's NICs. Latency steps follow NCCL's own tuning model
+(src/graph/tuning.cc: ring (nsteps - inter steps) * intra + inter steps * inter; tree
+2 * ((ranks per node - 1) * intra + log2(nodes) * inter)).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from planner.errors import PartitaError
+from planner.hardware import System
+from simulator.calibration import Calibration, TierCalibration
+
+ALLREDUCE_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter-server", "nvls")
+KINDS = ("allreduce", "reduce_scatter", "all_gather", "alltoall")
+TREE_BANDWIDTH_FACTOR = 0.9     # NCCL tuning.cc: tree busBw *= .9
+LL_BANDWIDTH_FRACTION = 0.25    # NCCL tuning.cc: ring LL (low-latency protocol) busBw *= 1/4
+PS_NETWORK_HOPS = 2             # push shard to its server, pull the reduced shard back (Herring)
+
+
+@dataclass(frozen=True)
+class Tier:
+    """One kind of link. bytes_per_s: one direction, per GPU (intra) or per node (inter)."""
+    kind: str
+    bytes_per_s: float
+    latency_s: float                    # per algorithm step
+    efficiency: float                   # large-message achieved / wire
+    base_latency_s: float = 0.0         # per collective call
+    half_bandwidth_bytes: float = 0.0   # n_1/2 of the efficiency ramp
+
+    def rate(self, message_bytes: float, low_latency: bool = True) -> float:
+        """Achieved bytes/s for a collective on a per-rank buffer of `message_bytes`.
+
+        The bandwidth protocol ramps up as S/(S + n_1/2); NCCL's low-latency protocol (LL) keeps a
+        quarter of the bandwidth at any size, so ring and tree never fall below that (NVLS and the
+        NVLS tree run the bandwidth protocol only)."""
+        s = max(message_bytes, 0.0)
+        ramp = s / (s + self.half_bandwidth_bytes) if self.half_bandwidth_bytes > 0 else 1.0
+        if low_latency:
+            ramp = max(ramp, LL_BANDWIDTH_FRACTION)
+        return self.bytes_per_s * self.efficiency * ramp
+
+    def transfer(self, moved_bytes: float, message_bytes: float, share: float = 1.0,
+                 low_latency: bool = True) -> float:
+        """Seconds to move `moved_bytes` at `share` of this tier's achieved rate."""
+        if moved_bytes <= 0:
+            return 0.0
+        return moved_bytes / (self.rate(message_bytes, low_latency) * share)
+
+
+@dataclass(frozen=True)
+class Topology:
+    system: str
+    gpus_per_node: int
+    intra: Tier | None                  # None: no GPU-to-GPU fabric (or its bandwidth unknown)
+    inter: Tier | None                  # None: single-node system (or its bandwidth unknown)
+    nvls_efficiency: float | None = None    # NVLink SHARP all-reduce busbw / wire (NVSwitch 3+)
+    pcie_bytes_per_s: float | None = None   # GPU <-> host, for parameter-server copies
+    intra_missing: str = ""             # why intra is None, for the error when a group needs it
+    inter_missing: str = ""
+
+
+@dataclass(frozen=True)
+class Group:
+    """`ranks` ranks, `ranks_per_node` of them on each node spanned; `concurrent`: GPUs of a node
+    using the NICs at once for this kind of collective (None: all GPUs of the node)."""
+    ranks: int
+    ranks_per_node: int
+    concurrent: int | None = None
+
+    @property
+    def nodes(self) -> int:
+        return self.ranks // self.ranks_per_node
+
+    @staticmethod
+    def from_stride(size: int, stride: int, gpus_per_node: int) -> "Group":
+        """A group whose members are `stride` apart in the global rank order (Megatron: tensor
+        stride 1, then context, data, pipeline), ranks numbered node by node."""
+        per_node = 1 if stride >= gpus_per_node else max(1, min(size, gpus_per_node // stride))
+        return Group(size, per_node)
+
+
+def tier_from_calibration(t: TierCalibration, bytes_per_s: float,
+                          catalog_latency_s: float | None, measured: bool = False) -> Tier:
+    """A catalog link with its calibration. A published link latency (a wire figure) is a floor
+    under the calibrated per-step latency; a measured one (`partita calibrate`) replaces it."""
+    if measured and catalog_latency_s is not None:
+        latency = catalog_latency_s
+    else:
+        latency = max(t.step_latency_s, catalog_latency_s or 0.0)
+    return Tier(t.kind, bytes_per_s, latency, t.efficiency, t.base_latency_s, t.half_bandwidth_bytes)
+
+
+def build_topology(system: System, cal: Calibration, *, inter_node_gbps: float | None = None,
+                   intra_node_gbps: float | None = None,
+                   gpus_per_node: int | None = None) -> Topology:
+    """Tiers of a catalog system, with the scenario's what-if overrides (Gbit/s per node for the
+    network, per GPU one direction inside the node)."""
+    g = gpus_per_node or system.gpus_per_node
+    local = system.kind == "local"      # `partita calibrate` measured its links: efficiency 1
+    intra, intra_missing = _tier(system, cal, "intra", intra_node_gbps, local)
+    inter, inter_missing = _tier(system, cal, "inter", inter_node_gbps, local)
+    nvls = None
+    if intra is not None and not local:
+        nvls = cal.tier(intra.kind).nvls_efficiency.get(system.gpu.name)
+    return Topology(system.name, g, intra, inter, nvls, system.gpu.pcie_bytes_per_s,
+                    intra_missing, inter_missing)
+
+
+def _tier(system: System, cal: Calibration, which: str, gbps: float | None,
+          local: bool) -> tuple[Tier | None, str]:
+    link = system.intra if which == "intra" else system.inter
+    key = "intra_node_gbps" if which == "intra" else "inter_node_gbps"
+    what = "GPU-to-GPU link inside a node" if which == "intra" else "inter-node network"
+    if gbps:
+        kind = link.kind if link.kind != "none" else "custom"
+        bw = gbps * 1e9 / 8
+    elif link.kind == "none":
+        return None, f"{system.name} has no {what}"
+    else:
+        kind, bw = link.kind, link.bytes_per_s
+        if bw is None:
+            return None, (f"{system.name}: the {what}'s bandwidth is not published; set "
+                          f"cluster.{key} in the scenario")
+    tier = cal.tier("local" if local else kind)
+    return tier_from_calibration(tier, bw, link.latency_s, measured=local), ""
+
+
+# ---- checks ----
+
+def _check(group: Group, topo: Topology) -> None:
+    if group.ranks < 1 or group.ranks_per_node < 1 or group.ranks % group.ranks_per_node:
+        raise PartitaError(f"communication group of {group.ranks} ranks with "
+                           f"{group.ranks_per_node} per node: ranks must be a multiple of ranks "
+                           "per node")
+    if group.ranks_per_node > topo.gpus_per_node:
+        raise PartitaError(f"communication group has {group.ranks_per_node} ranks per node, but "
+                           f"{topo.system} has {topo.gpus_per_node} GPUs per node")
+    if group.ranks_per_node > 1 and topo.intra is None:
+        raise PartitaError(f"{topo.intra_missing or topo.system + ' has no GPU-to-GPU link'}; "
+                           f"a group cannot place {group.ranks_per_node} ranks on one node")
+    if group.nodes > 1 and topo.inter is None:
+        raise PartitaError(f"{topo.inter_missing or topo.system + ' has no inter-node network'}; "
+                           f"a group cannot span {group.nodes} nodes")
+
+
+def _sharers(group: Group, topo: Topology) -> float:
+    """How many groups of this node share its NICs (concurrent GPUs / this group's GPUs there)."""
+    c = group.concurrent if group.concurrent is not None else topo.gpus_per_node
+    return max(c, group.ranks_per_node) / group.ranks_per_node
+
+
+def _ring_latency(steps: int, inter_steps: int, topo: Topology, multi_node: bool) -> float:
+    if not multi_node:
+        return topo.intra.base_latency_s + steps * topo.intra.latency_s
+    intra_lat = topo.intra.latency_s if topo.intra is not None else 0.0
+    return (topo.inter.base_latency_s + (steps - inter_steps) * intra_lat
+            + inter_steps * topo.inter.latency_s)
+
+
+def _ring(moved: float, nbytes: float, steps: int, inter_steps: int, group: Group,
+          topo: Topology) -> float:
+    """A ring whose every rank sends `moved` bytes; across nodes each group's ring carries `moved`
+    out of every node it spans (NCCL channels cross each node boundary once)."""
+    if group.nodes == 1:
+        return _ring_latency(steps, 0, topo, False) + topo.intra.transfer(moved, nbytes)
+    t_inter = topo.inter.transfer(moved * _sharers(group, topo), nbytes)
+    t_intra = topo.intra.transfer(moved, nbytes) if group.ranks_per_node > 1 else 0.0
+    return _ring_latency(steps, inter_steps, topo, True) + max(t_inter, t_intra)
+
+
+# ---- collectives ----
+
+def ring_allreduce(nbytes: float, group: Group, topo: Topology) -> float:
+    """Ring all-reduce: each rank moves 2(n-1)/n of the buffer in 2(n-1) steps (nccl-tests busbw)."""
+    _check(group, topo)
+    n, k = group.ranks, group.nodes
+    if n == 1:
+        return 0.0
+    return _ring(2 * (n - 1) / n * nbytes, nbytes, 2 * (n - 1), 2 * (k - 1), group, topo)
+
+
+def reduce_scatter(nbytes: float, group: Group, topo: Topology) -> float:
+    """Ring reduce-scatter of an `nbytes` buffer: (n-1)/n of it per rank in n-1 steps."""
+    _check(group, topo)
+    n, k = group.ranks, group.nodes
+    if n == 1:
+        return 0.0
+    return _ring((n - 1) / n * nbytes, nbytes, n - 1, k - 1, group, topo)
+
+
+def all_gather(nbytes: float, group: Group, topo: Topology) -> float:
+    """Ring all-gather into an `nbytes` buffer: same traffic and steps as reduce-scatter."""
+    return reduce_scatter(nbytes, group, topo)
+
+
+def tree_allreduce(nbytes: float, group: Group, topo: Topology) -> float:
+    """NCCL double binary tree: a chain inside each node and two binary trees across nodes.
+
+    Latency grows with log2(nodes); every node sends and receives the whole buffer once up and once
+    down the trees, which matches the ring's 2(n-1)/n at large n, at 0.9 of its bandwidth.
+    """
+    _check(group, topo)
+    n, r, k = group.ranks, group.ranks_per_node, group.nodes
+    if n == 1:
+        return 0.0
+    if k == 1:
+        return ring_allreduce(nbytes, group, topo)
+    intra_lat = topo.intra.latency_s if topo.intra is not None else 0.0
+    latency = topo.inter.base_latency_s + 2 * ((r - 1) * intra_lat
+                                               + math.ceil(math.log2(k)) * topo.inter.latency_s)
+    moved = 2 * nbytes
+    t_inter = topo.inter.transfer(moved * _sharers(group, topo), nbytes, TREE_BANDWIDTH_FACTOR)
+    t_intra = topo.intra.transfer(moved, nbytes, TREE_BANDWIDTH_FACTOR) if r > 1 else 0.0
+    return latency + max(t_inter, t_intra)
+
+
+def nvls_allreduce(nbytes: float, group: Group, topo: Topology) -> float:
+    """NVLink SHARP all-reduce inside one node: the switch reduces and multicasts."""
+    _check(group, topo)
+    if topo.nvls_efficiency is None:
+        raise PartitaError(f"{topo.system}: NVLink SHARP (nvls) needs an NVSwitch of the third "
+                           "generation or later (H100, H200, B200 nodes)")
+    if group.nodes > 1:
+        raise PartitaError("nvls all-reduce works inside one node; use hierarchical across nodes")
+    n = group.ranks
+    if n == 1:
+        return 0.0
+    moved = 2 * (n - 1) / n * nbytes
+    latency = topo.intra.base_latency_s + 2 * topo.intra.latency_s
+    share = topo.nvls_efficiency / topo.intra.efficiency
+    return latency + topo.intra.transfer(moved, nbytes, share, low_latency=False)
+
+
+def _intra_allreduce(nbytes: float, r: int, topo: Topology) -> float:
+    """Bandwidth part of the in-node phases (reduce-scatter then all-gather, or NVLS)."""
+    if r == 1:
+        return 0.0
+    moved = 2 * (r - 1) / r * nbytes
+    share = topo.nvls_efficiency / topo.intra.efficiency if topo.nvls_efficiency else 1.0
+    return topo.intra.transfer(moved, nbytes, share, low_latency=False)
+
+
+def hierarchical_allreduce(nbytes: float, group: Group, topo: Topology) -> float:
+    """Reduce-scatter inside the node, all-reduce 1/g of the buffer across nodes, all-gather inside.
+
+    Each accelerator moves 2(g-1)/g P over NVLink but only 2(k-1)/k P/g over the NIC
+    (ml-engineering network/README.md); the phases are pipelined over chunks (NCCL NVLSTree), so
+    the slower of the two sets the bandwidth term.
+    """
+    _check(group, topo)
+    n, r, k = group.ranks, group.ranks_per_node, group.nodes
+    if n == 1:
+        return 0.0
+    if k == 1:
+        return ring_allreduce(nbytes, group, topo)
+    shard = nbytes / r
+    per_gpu = 2 * (k - 1) / k * shard
+    t_inter = topo.inter.transfer(per_gpu * r * _sharers(group, topo), nbytes, low_latency=False)
+    t_intra = _intra_allreduce(nbytes, r, topo)
+    intra_lat = topo.intra.latency_s if topo.intra is not None else 0.0
+    latency = topo.inter.base_latency_s + 2 * (r - 1) * intra_lat + 2 * (k - 1) * topo.inter.latency_s
+    return latency + max(t_inter, t_intra)
+
+
+def parameter_server_traffic(nbytes: float, nodes: int) -> tuple[float, int]:
+    """(bytes each node sends over the network, network hops) of a sharded parameter server:
+    the node keeps its own shard and pushes the other (k-1)/k, then pulls as much back."""
+    return (nodes - 1) / nodes * nbytes, PS_NETWORK_HOPS
+
+
+def parameter_server(nbytes: float, group: Group, topo: Topology) -> float:
+    """SageMaker data parallel (Herring, SC20): reduce inside the node, shard the node's fusion
+    buffer over one server per node (on the nodes' CPUs), push shard i to server i and pull the
+    reduced shard back: 2 network hops whatever the node count; then broadcast inside the node.
+    The GPU-host copies over PCIe are pipelined with the network (balanced fusion buffers)."""
+    _check(group, topo)
+    n, r, k = group.ranks, group.ranks_per_node, group.nodes
+    if n == 1:
+        return 0.0
+    if k == 1:
+        return ring_allreduce(nbytes, group, topo)
+    sent, hops = parameter_server_traffic(nbytes, k)
+    # push and pull each load the NICs with `sent` per group in each direction
+    t_net = 2 * topo.inter.transfer(sent * _sharers(group, topo), nbytes, low_latency=False)
+    t_intra = _intra_allreduce(nbytes, r, topo)
+    t_pcie = 2 * (nbytes / r) / topo.pcie_bytes_per_s if topo.pcie_bytes_per_s else 0.0
+    intra_lat = topo.intra.latency_s if topo.intra is not None else 0.0
+    latency = topo.inter.base_latency_s + 2 * (r - 1) * intra_lat + hops * topo.inter.latency_s
+    return latency + max(t_net, t_intra, t_pcie)
+
+
+def alltoall(nbytes: float, group: Group, topo: Topology) -> float:
+    """Each rank sends 1/n of its `nbytes` buffer to every other rank, all at once."""
+    _check(group, topo)
+    n, r = group.ranks, group.ranks_per_node
+    if n == 1:
+        return 0.0
+    piece = nbytes / n
+    t_intra = topo.intra.transfer((r - 1) * piece, nbytes) if r > 1 else 0.0
+    if group.nodes == 1:
+        return topo.intra.base_latency_s + topo.intra.latency_s + t_intra
+    t_inter = topo.inter.transfer((n - r) * piece * r * _sharers(group, topo), nbytes)
+    return topo.inter.base_latency_s + topo.inter.latency_s + max(t_intra, t_inter)
+
+
+def p2p(nbytes: float, same_node: bool, topo: Topology, *, concurrent: int | None = None) -> float:
+    """One send/recv of `nbytes` (pipeline activations and gradients). Across nodes `concurrent`
+    GPUs of the node send at once (default: all of them) and share its NICs."""
+    if nbytes <= 0:
+        return 0.0
+    if same_node:
+        if topo.intra is None:
+            raise PartitaError(topo.intra_missing or f"{topo.system} has no GPU-to-GPU link")
+        t = topo.intra
+        return t.base_latency_s + t.latency_s + t.transfer(nbytes, nbytes)
+    if topo.inter is None:
+        raise PartitaError(topo.inter_missing or f"{topo.system} has no inter-node network")
+    c = concurrent if concurrent is not None else topo.gpus_per_node
+    t = topo.inter
+    return t.base_latency_s + t.latency_s + t.transfer(nbytes * c, nbytes)
+
+
+def collective(kind: str, algorithm: str, nbytes: float, group: Group, topo: Topology) -> float:
+    """Seconds for `kind` (allreduce | reduce_scatter | all_gather | alltoall) with `algorithm`
+    (auto | ring | tree | hierarchical | parameter-server | nvls; all but auto and ring are
+    all-reduce algorithms). auto takes the fastest of what NCCL would consider, as NCCL's tuner
+    does: ring (and NVLS on Hopper NVSwitch) inside a node; ring, tree and, with NVLS, the
+    hierarchical NVLS tree across nodes."""
+    if kind not in KINDS:
+        raise PartitaError(f"unknown collective {kind!r} (valid: {', '.join(KINDS)})")
+    if algorithm not in ALLREDUCE_ALGORITHMS:
+        raise PartitaError(f"unknown collective algorithm {algorithm!r} "
+                           f"(valid: {', '.join(ALLREDUCE_ALGORITHMS)})")
+    if kind != "allreduce":
+        if algorithm not in ("auto", "ring"):
+            raise PartitaError(f"{kind} runs as a ring; algorithm {algorithm!r} is for all-reduce")
+        return {"reduce_scatter": reduce_scatter, "all_gather": all_gather,
+                "alltoall": alltoall}[kind](nbytes, group, topo)
+    if algorithm == "auto":
+        return min(f(nbytes, group, topo) for f in auto_candidates(group, topo))
+    return ALLREDUCE[algorithm](nbytes, group, topo)
+
+
+def auto_candidates(group: Group, topo: Topology) -> list:
+    _check(group, topo)
+    nvls = topo.nvls_efficiency is not None
+    if group.nodes == 1:
+        return [ring_allreduce] + ([nvls_allreduce] if nvls and group.ranks > 1 else [])
+    out = [ring_allreduce, tree_allreduce]
+    if nvls and group.ranks_per_node > 1:
+        out.append(hierarchical_allreduce)
+    return out
+
+
+ALLREDUCE = {"ring": ring_allreduce, "tree": tree_allreduce, "hierarchical": hierarchical_allreduce,
+             "parameter-server": parameter_server, "nvls": nvls_allreduce}
+
+
+@dataclass(frozen=True)
+class CpRing:
+    comm_s: float       # all ring steps' transfers
+    exposed_s: float    # what the attention compute does not hide
+
+
+def cp_ring_time(kv_bytes: float, cp: int, same_node: bool, topo: Topology, *,
+                 attention_s: float = 0.0, concurrent: int | None = None) -> CpRing:
+    """Context parallelism (ring attention): cp-1 steps, each passing this rank's K,V block
+    (`kv_bytes`; pass K,V plus dK,dV for the backward) to the next rank while attending over the
+    block received before. Step i's transfer hides behind step i's compute (attention_s / cp)."""
+    if cp <= 1:
+        return CpRing(0.0, 0.0)
+    step = p2p(kv_bytes, same_node, topo, concurrent=concurrent)
+    compute = attention_s / cp
+    total = compute + (cp - 1) * max(step, compute)
+    return CpRing((cp - 1) * step, max(0.0, total - attention_s))

@@ -1,0 +1,169 @@
+"""Per-chunk time of one micro-batch: compute plus the communication that sits inside a layer.
+
+For each pipeline model chunk this adds up its blocks (and the embedding on chunk 0, the head and
+loss on the last) from `simulator.compute`, and the collectives that run inside every layer and
+block the compute stream:
+- tensor parallelism (Shoeybi et al. 2019, Sec. 3; Korthikanti et al. 2022, Sec. 4.2.2): two
+  all-reduces of the layer's b*s*h activations per block forward and two in backward (a t5 decoder
+  block three), or with sequence parallelism the same volume as all-gather + reduce-scatter pairs;
+  full recompute runs the forward's collectives again. `tp_comm_overlap` hides them behind GEMMs.
+- context parallelism: the ring exchange of K/V blocks, hidden behind attention where it can be.
+- ZeRO-3 / FSDP: each block's parameters are all-gathered before its forward and again before its
+  backward, and its gradients reduce-scattered after; prefetching overlaps them with the
+  neighbouring block's compute, so a block costs max(compute, communication).
+The result keeps the parts apart so the step summary can say where the time went.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.stages import chunk_ranges
+from simulator.compute import LayerTimes, element_bytes, embedding_times, head_times, layer_times
+from simulator.context import StepContext
+from simulator.memory import block_parameters
+from simulator.network import Group, Topology, collective, cp_ring_time, p2p
+
+FSDP_GRAD_BYTES = 2      # ZeRO-3/FSDP reduce-scatter in the 16-bit compute dtype (DeepSpeed, FSDP2)
+
+
+@dataclass(frozen=True)
+class ChunkCost:
+    """Seconds per micro-batch for one model chunk, and what they are made of."""
+    forward_s: float
+    backward_s: float          # includes recompute
+    backward_weight_s: float
+    parts: dict[str, float] = field(default_factory=dict, hash=False)   # per micro-batch, fwd+bwd
+
+
+@dataclass(frozen=True)
+class BlockCost:
+    fwd_s: float
+    bwd_s: float
+    bwd_weight_s: float
+    parts: dict[str, float]
+
+
+def _add(parts: dict[str, float], key: str, value: float) -> None:
+    if value:
+        parts[key] = parts.get(key, 0.0) + value
+
+
+def block_cost(ctx: StepContext, topo: Topology, cal, *, decoder: bool) -> BlockCost:
+    d, p, t = ctx.dims, ctx.parallel, ctx.training
+    gpu = ctx.system.gpu
+    lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
+                                 t.precision, t.recompute, gpu, cal, decoder=decoder)
+    parts: dict[str, float] = {}
+    compute_f, compute_b = lt.fwd_s, lt.bwd_s
+    _add(parts, "compute", compute_f + compute_b)
+    _add(parts, "recompute", lt.recompute_s)
+    fwd, bwd, bwd_w = compute_f, compute_b + lt.recompute_s, lt.bwd_weight_s
+
+    tp_f = tp_b = 0.0
+    if p.tensor > 1 and not p.tp_comm_overlap:
+        nbytes = element_bytes(t.precision) * t.micro_batch * d.seq_len / p.context * d.hidden
+        group = Group(p.tensor, min(p.tensor, ctx.placement.gpus_per_node))
+        per_op = collective("allreduce", "auto", nbytes, group, topo)
+        ops = 3 if decoder else 2
+        tp_f = ops * per_op
+        tp_b = ops * per_op + (tp_f if t.recompute == "full" else 0.0)
+    _add(parts, "tp_comm", tp_f + tp_b)
+    fwd, bwd = fwd + tp_f, bwd + tp_b
+
+    if p.context > 1:
+        e = element_bytes(t.precision)
+        kv = 2 * e * t.micro_batch * d.seq_len / p.context * d.kv_heads * d.head_dim / min(
+            p.tensor, d.kv_heads)
+        shape = ctx.placement.cp_group()
+        attn_f = lt.parts.get("attention_fwd", 0.0)
+        attn_b = lt.parts.get("attention_bwd", 0.0)
+        cf = cp_ring_time(kv, p.context, shape.intra_only, topo, attention_s=attn_f,
+                          concurrent=shape.sharing).exposed_s
+        cb = cp_ring_time(2 * kv, p.context, shape.intra_only, topo, attention_s=attn_b,
+                          concurrent=shape.sharing).exposed_s
+        _add(parts, "cp_comm", cf + cb)
+        fwd, bwd = fwd + cf, bwd + cb
+
+    if p.zero >= 3 and p.data * p.context > 1:
+        fwd, bwd, bwd_w = _fsdp(ctx, topo, decoder, fwd, bwd, bwd_w, parts)
+    return BlockCost(fwd, bwd, bwd_w, parts)
+
+
+def _fsdp(ctx: StepContext, topo: Topology, decoder: bool, fwd: float, bwd: float, bwd_w: float,
+          parts: dict[str, float]) -> tuple[float, float, float]:
+    """ZeRO-3: per-block parameter all-gathers and gradient reduce-scatter, overlapped with compute
+    by prefetching (Rajbhandari et al. 2020, Sec. 7.2.2; FSDP forward/backward prefetch)."""
+    p, t = ctx.parallel, ctx.training
+    params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
+    shape = ctx.placement.dp_group()
+    group = Group(shape.n * p.context if p.context > 1 else shape.n, shape.per_node,
+                  concurrent=shape.per_node * shape.sharing)
+    e = element_bytes(t.precision)
+    ag = collective("all_gather", "auto", params * e, group, topo)
+    rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo)
+    new_f = max(fwd, ag)
+    new_b = max(bwd, ag + rs)
+    _add(parts, "fsdp_comm", (new_f - fwd) + (new_b - bwd))
+    return new_f, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
+
+
+def chunk_costs(ctx: StepContext, topo: Topology, cal) -> list[ChunkCost]:
+    d, p, t = ctx.dims, ctx.parallel, ctx.training
+    enc = block_cost(ctx, topo, cal, decoder=False)
+    dec = block_cost(ctx, topo, cal, decoder=True) if d.arch == "t5" else None
+    gpu = ctx.system.gpu
+    emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
+                          t.precision, gpu, cal)
+    head = head_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
+                      t.precision, gpu, cal)
+    ranges = chunk_ranges(d.total_layers, p)
+    out = []
+    for i, (a, b) in enumerate(ranges):
+        n_dec = max(0, b - max(a, d.layers)) if dec is not None else 0
+        n_enc = (b - a) - n_dec
+        f = n_enc * enc.fwd_s + (n_dec * dec.fwd_s if dec else 0.0)
+        bw = n_enc * enc.bwd_s + (n_dec * dec.bwd_s if dec else 0.0)
+        w = n_enc * enc.bwd_weight_s + (n_dec * dec.bwd_weight_s if dec else 0.0)
+        parts = {k: n_enc * v for k, v in enc.parts.items()}
+        if dec is not None:
+            for k, v in dec.parts.items():
+                parts[k] = parts.get(k, 0.0) + n_dec * v
+        for extra, present in ((emb, i == 0), (head, i == len(ranges) - 1)):
+            if present:
+                f, bw, w = f + extra.fwd_s, bw + extra.bwd_s, w + extra.bwd_weight_s
+                parts["compute"] = parts.get("compute", 0.0) + extra.fwd_s + extra.bwd_s
+        out.append(ChunkCost(f, bw, w, parts))
+    return out
+
+
+def boundary_bytes(ctx: StepContext, chunk: int) -> float:
+    """Bytes of the activation passed from chunk `chunk` to the next (the gradient is the same
+    size). Megatron splits it over the TP ranks (scatter-gather; Narayanan et al. 2021, Sec. 4.1);
+    a t5 decoder chunk also carries the encoder output."""
+    d, p, t = ctx.dims, ctx.parallel, ctx.training
+    e = element_bytes(t.precision)
+    nbytes = e * t.micro_batch * d.seq_len / p.context * d.hidden / p.tensor
+    if d.arch == "t5":
+        ranges = chunk_ranges(d.total_layers, p)
+        if ranges[chunk][1] > d.layers:
+            nbytes *= 2
+    return nbytes
+
+
+def p2p_costs(ctx: StepContext, topo: Topology) -> tuple[list[float], list[float], list[bool]]:
+    """Per chunk boundary: activation and gradient transfer seconds, and same-node flags."""
+    p = ctx.parallel
+    chunks = p.pipeline * p.virtual_stages
+    same_rank_node = ctx.placement.pp_neighbours_same_node()
+    act, grad, same = [], [], []
+    sharing = ctx.placement.pp_sharing()
+    for c in range(chunks - 1):
+        r = c % p.pipeline
+        same_node = same_rank_node[r] if r < p.pipeline - 1 else (
+            ctx.placement.gpus <= ctx.placement.gpus_per_node)
+        nbytes = boundary_bytes(ctx, c)
+        secs = p2p(nbytes, same_node, topo, concurrent=sharing)
+        act.append(secs)
+        grad.append(secs)
+        same.append(same_node)
+    return act, grad, same

@@ -1,0 +1,128 @@
+"""One training step of a scenario: `simulate(scenario, catalog) -> SimResult`.
+
+The step is composed from the parts, each its own module:
+1. `context.resolve`: the system (what-ifs applied), GPU count, model shape, placement; the
+   scenario's consistency rules.
+2. `stagecosts`: per model chunk, seconds per micro-batch of forward and backward including the
+   collectives inside layers (TP, CP, ZeRO-3); per chunk boundary, the p2p transfer seconds.
+3. `pipeline.simulate_pipeline`: the schedule (planner.schedule, one action list per rank) run on
+   the event core, giving each rank's finish time, its busy time and each chunk's last backward.
+4. `dataparallel`: the gradient reduction (ring / tree / hierarchical / parameter server; ZeRO-1/2
+   reduce-scatter + all-gather), started bucket by bucket as each chunk's last backward runs.
+5. the optimizer update (memory-bound: bytes touched per parameter over HBM bandwidth).
+6. `memory.pipeline_memory`: per-rank memory with the activations actually in flight.
+Every rank of a data-parallel replica runs the same pipeline, so one pipeline is simulated.
+"""
+from __future__ import annotations
+
+from planner.costmodel import model_flops_per_step
+from planner.schedule import build
+from simulator.calibration import load_calibration
+from simulator.context import StepContext, resolve
+from simulator.dataparallel import dp_finish_times, optimizer_time
+from simulator.memory import pipeline_memory
+from simulator.network import build_topology
+from simulator.pipeline import PipelineCosts, simulate_pipeline
+from simulator.result import SimResult, Span
+from simulator.stagecosts import chunk_costs, p2p_costs
+
+PART_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "fsdp_comm")
+
+
+def simulate(scenario, catalog, *, trace: bool = False, calibration=None) -> SimResult:
+    ctx = resolve(scenario, catalog)
+    cal = calibration if calibration is not None else load_calibration()
+    topo = build_topology(ctx.system, cal)
+    chunks = chunk_costs(ctx, topo, cal)
+    act, grad, same = p2p_costs(ctx, topo)
+    p = ctx.parallel
+    costs = PipelineCosts(tuple(c.forward_s for c in chunks), tuple(c.backward_s for c in chunks),
+                          tuple(c.backward_weight_s for c in chunks), tuple(act), tuple(grad),
+                          tuple(same))
+    schedule = build(p.schedule, p.pipeline, ctx.microbatches, p.virtual_stages)
+    timeline = simulate_pipeline(schedule, costs, trace=trace, check=False)
+    if p.pipeline > 1 and any(act):
+        free = PipelineCosts(costs.forward_s, costs.backward_s, costs.backward_weight_s,
+                             (0.0,) * len(act), (0.0,) * len(grad), costs.same_node)
+        no_comm_makespan = simulate_pipeline(schedule, free, check=False).makespan_s
+    else:
+        no_comm_makespan = timeline.makespan_s
+
+    rank_compute_end = _rank_ends(timeline, p.pipeline)
+    dp_end, dp_spans = dp_finish_times(ctx, topo, cal, timeline, costs, rank_compute_end,
+                                       trace=trace)
+    opt_s = optimizer_time(ctx, cal)
+    critical = max(range(p.pipeline), key=lambda r: (dp_end[r], -r))
+    step = dp_end[critical] + opt_s
+    inflight = [float(x) / max(1, p.virtual_stages) for x in _inflight(timeline, p)]
+    mem = pipeline_memory(ctx.dims, ctx.training, p, cal, microbatches=ctx.microbatches,
+                          inflight=inflight)
+    peak_rank = max(range(len(mem)), key=lambda r: (_total(mem[r]), -r))
+    breakdown = _breakdown(ctx, chunks, timeline, critical, rank_compute_end, dp_end, opt_s,
+                           no_comm_makespan)
+    spans = _spans(timeline, dp_spans, opt_s, dp_end, p.pipeline) if trace else ()
+    return _result(ctx, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
+
+
+def _rank_ends(timeline, pipeline: int) -> list[float]:
+    """Finish time of each pipeline rank's last compute action (always a backward)."""
+    last = timeline.last_backward_s
+    return [max(last[c] for c in range(r, len(last), pipeline)) for r in range(pipeline)]
+
+
+def _inflight(timeline, p) -> list[float]:
+    return list(timeline.peak_inflight_rank)
+
+
+def _total(m) -> float:
+    return m.parameters + m.gradients + m.optimizer + m.activations + m.other
+
+
+def _breakdown(ctx: StepContext, chunks, timeline, r: int, ends, dp_end, opt_s: float,
+               no_comm_makespan: float) -> dict[str, float]:
+    """Where the critical rank's step time went; the values add up to the step time."""
+    p = ctx.parallel
+    m = ctx.microbatches
+    out: dict[str, float] = {key: 0.0 for key in PART_ORDER}
+    for c in range(r, len(chunks), p.pipeline):
+        for key, value in chunks[c].parts.items():
+            out[key] = out.get(key, 0.0) + m * value
+    busy = sum(out.values())
+    pp_comm = max(0.0, timeline.makespan_s - no_comm_makespan) if p.pipeline > 1 else 0.0
+    pp_comm = min(pp_comm, max(0.0, ends[r] - busy))
+    out["pp_comm"] = pp_comm
+    out["bubble"] = max(0.0, ends[r] - busy - pp_comm)
+    out["dp_comm"] = max(0.0, dp_end[r] - ends[r])
+    out["optimizer"] = opt_s
+    return {k: v for k, v in out.items() if v > 0 or k in ("compute", "bubble", "dp_comm",
+                                                           "optimizer")}
+
+
+def _spans(timeline, dp_spans, opt_s: float, dp_end, pipeline: int) -> tuple[Span, ...]:
+    spans = list(timeline.spans) + list(dp_spans)
+    step_end = max(dp_end)
+    for r in range(pipeline):
+        spans.append(Span(r, "optimizer", "optimizer", step_end, step_end + opt_s, "optimizer"))
+    return tuple(spans)
+
+
+def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak_rank) -> SimResult:
+    t, d = ctx.training, ctx.dims
+    gpu = ctx.system.gpu
+    tokens = t.global_batch * d.seq_len
+    model_flops = model_flops_per_step(d, t.global_batch)
+    per_gpu = model_flops / step / ctx.gpus
+    price = ctx.system.price.best_usd_per_hour
+    nodes = -(-ctx.gpus // ctx.system.gpus_per_node)
+    memory = {"parameters": int(mem.parameters), "gradients": int(mem.gradients),
+              "optimizer": int(mem.optimizer), "activations": int(mem.activations),
+              "other": int(mem.other)}
+    return SimResult(
+        step_time_s=step, tokens_per_s=tokens / step, samples_per_s=t.global_batch / step,
+        tflops_per_gpu=per_gpu / 1e12, mfu=per_gpu / gpu.peak(t.precision),
+        peak_memory_bytes=int(sum(memory.values())), memory_capacity_bytes=gpu.memory_bytes,
+        bubble_fraction=timeline.bubble_fraction, breakdown_s=breakdown,
+        memory_breakdown_bytes=memory, gpus=ctx.gpus, system=ctx.system.name,
+        usd_per_hour=price * nodes if price is not None else None, spans=spans,
+        details={"microbatches": ctx.microbatches, "nodes": nodes, "peak_memory_rank": peak_rank,
+                 "model_flops_per_step": model_flops})

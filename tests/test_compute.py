@@ -1,0 +1,304 @@
+"""Compute cost model and the calibration loader: hand-computed kernel times, FLOP bookkeeping,
+sharding, recompute, and every bad-calibration path."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import yaml
+
+from planner.errors import PartitaError
+from planner.hardware import GPU
+from planner.modelspec import TransformerDims, preset_dims
+from simulator.calibration import Curve, load_calibration
+from simulator.compute import (attention_flops, attention_time, block_gemms, block_matmul_flops,
+                               elementwise_time, embedding_times, gemm_time, head_times, layer_times)
+from simulator.memory import block_parameters
+
+FLAT = {  # every efficiency 1, no kernel floor: times are work / peak exactly
+    "default": {"matmul_shape_by_ideal_us": [[1e-3, 1.0], [1e6, 1.0]],
+                "matmul_plateau_efficiency": 1.0,
+                "memory_efficiency_by_mb": [[1e-3, 1.0], [1e6, 1.0]],
+                "attention_forward_efficiency": 1.0, "attention_backward_efficiency": 1.0,
+                "kernel_floor_us": 0.0},
+}
+
+
+def write(tmp_path, doc, name="cal.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def flat(tmp_path):
+    return load_calibration(write(tmp_path, FLAT), include_local=False)
+
+
+@pytest.fixture
+def shipped():
+    return load_calibration(include_local=False)
+
+
+def make_gpu(name="test-gpu", peak=100e12, bw=1e12, **peaks):
+    return GPU(name, name, 80 * 2**30, bw, {"bf16": peak, "fp16": peak, "fp32": peak / 8, **peaks})
+
+
+H100 = GPU("h100-80gb", "H100", 80 * 2**30, 3.35e12,
+           {"bf16": 989e12, "fp16": 989e12, "fp8": 1979e12, "tf32": 494.5e12, "fp32": 67e12})
+LLAMA = TransformerDims(arch="llama", layers=4, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816,
+                        seq_len=512, vocab=32000)
+GPT = TransformerDims(arch="gpt", layers=4, hidden=1024, heads=16, seq_len=512, vocab=32000)
+
+
+# ---- kernels, computed by hand ----
+
+def test_large_gemm_is_work_over_peak(flat):
+    gpu = make_gpu(bw=1e18)                      # memory never binds
+    n = 8192
+    assert gemm_time(n, n, n, gpu, "bf16", flat) == pytest.approx(2 * n**3 / 100e12)
+
+
+def test_skinny_gemm_is_memory_bound(flat):
+    gpu = make_gpu(peak=1e18, bw=1e12)
+    m, n, k = 1, 4096, 4096
+    nbytes = (m * k + k * n + m * n) * 2
+    assert gemm_time(m, n, k, gpu, "bf16", flat) == pytest.approx(nbytes / 1e12)
+
+
+def test_tiny_kernels_take_the_floor(shipped):
+    floor = shipped.gpu("h100-80gb").kernel_floor_s
+    assert floor > 0
+    assert gemm_time(8, 8, 8, H100, "bf16", shipped) == pytest.approx(floor)
+    assert elementwise_time(64, H100, shipped) == pytest.approx(floor)
+
+
+def test_elementwise_uses_the_memory_curve(shipped):
+    nbytes = 50.3e6                               # an H100 measured point: 0.75 of 3.35 TB/s
+    assert elementwise_time(nbytes, H100, shipped) == pytest.approx(nbytes / (3.35e12 * 0.75))
+
+
+def test_h100_square_gemm_matches_its_measurement(shipped):
+    n = 4096                                      # ZZC_79: 788.72 TFLOP/s
+    assert 2 * n**3 / gemm_time(n, n, n, H100, "bf16", shipped) == pytest.approx(788.72e12)
+
+
+def test_bigger_gemms_are_more_efficient_up_to_the_plateau(shipped):
+    rates = [2 * n**3 / gemm_time(n, n, n, H100, "bf16", shipped) for n in (512, 1024, 2048, 4096)]
+    assert rates == sorted(rates)
+    assert rates[-1] < 989e12
+
+
+def test_precision_without_data_uses_the_default_shape(shipped):
+    g = shipped.gpu("h100-80gb")                  # fp8: only the MAMF plateau is known
+    assert g.matmul_efficiency("fp8", 1.0) == pytest.approx(1402.6 / 1979)
+    assert g.matmul_efficiency("fp8", 1e-6) < g.matmul_efficiency("fp8", 1e-3)
+
+
+def test_a_measured_peak_is_not_discounted_twice(shipped):
+    # a GPU whose datasheet peak is unknown: the catalog's peak is the best measured matmul rate
+    measured = GPU("mystery", "mystery", 16 * 2**30, 1e18, {"fp32": 1e12}, datasheet_flops={"fp32": None},
+                   measured_matmul_flops={"fp32": 1e12})
+    datasheet = GPU("known", "known", 16 * 2**30, 1e18, {"fp32": 1e12})
+    n = 16384                                     # far on the plateau
+    assert gemm_time(n, n, n, measured, "fp32", shipped) == pytest.approx(2 * n**3 / 1e12)
+    assert gemm_time(n, n, n, datasheet, "fp32", shipped) == pytest.approx(2 * n**3 / 1e12 / 0.811)
+
+
+def test_attention_causal_half_and_backward_factor(flat):
+    gpu = make_gpu()
+    flops = attention_flops(2, 16, 1024, 1024, 64)
+    assert flops == 4 * 2 * 16 * 1024 * 1024 * 64
+    full = attention_time(flops, False, gpu, "bf16", flat)
+    assert full == pytest.approx(flops / 100e12)
+    assert attention_time(flops, True, gpu, "bf16", flat) == pytest.approx(full / 2)
+    assert attention_time(flops, False, gpu, "bf16", flat, backward=True) == pytest.approx(2.5 * full)
+
+
+def test_curve_interpolates_in_log_space():
+    c = Curve((1.0, 100.0), (0.2, 0.8))
+    assert c(10.0) == pytest.approx(0.5)
+    assert c(0.01) == 0.2 and c(1e6) == 0.8
+
+
+# ---- one block ----
+
+def test_block_gemm_flops_are_two_per_weight_per_token():
+    tokens = 3 * LLAMA.seq_len
+    weights = block_parameters(LLAMA) - 2 * LLAMA.hidden          # less the two RMSNorm vectors
+    gemms = sum(2 * g.m * g.n * g.k for g in block_gemms(LLAMA, 3))
+    assert gemms == 2 * tokens * weights
+
+
+@pytest.mark.parametrize("dims,decoder", [(GPT, False), (LLAMA, False), (preset_dims("t5-3b"), True),
+                                          (preset_dims("bert-base"), False)])
+def test_block_flops_agree_with_the_cost_model(dims, decoder):
+    from planner import costmodel
+    kind = "decoder" if decoder else None
+    theirs = sum(g.flops for g in costmodel.block_gemms(dims, 2, kind=kind))
+    assert block_matmul_flops(dims, 2, decoder=decoder) == theirs
+
+
+def test_block_matmul_flops_follow_narayanan():
+    # Narayanan et al. 2021 eq. 3 per layer forward: 24 b s h^2 (1 + s / (6h)) for gpt
+    b, s, h = 2, GPT.seq_len, GPT.hidden
+    assert block_matmul_flops(GPT, b) == pytest.approx(24 * b * s * h * h * (1 + s / (6 * h)))
+
+
+def test_tensor_parallel_splits_every_gemm(flat):
+    gpu = make_gpu(bw=1e18)
+    one = layer_times(GPT, 4, 1, False, 1, "bf16", "none", gpu, flat).parts
+    four = layer_times(GPT, 4, 4, False, 1, "bf16", "none", gpu, flat).parts
+    for key in ("gemm_fwd", "gemm_bwd_input", "gemm_bwd_weight", "attention_fwd"):
+        assert four[key] == pytest.approx(one[key] / 4)
+
+
+def test_backward_is_twice_forward_split_input_and_weight(flat):
+    gpu = make_gpu(bw=1e18)
+    t = layer_times(LLAMA, 2, 2, True, 1, "bf16", "none", gpu, flat)
+    assert t.parts["gemm_bwd_input"] == pytest.approx(t.parts["gemm_fwd"])
+    assert t.parts["gemm_bwd_weight"] == pytest.approx(t.parts["gemm_fwd"])
+    assert t.bwd_s == pytest.approx(t.bwd_input_s + t.bwd_weight_s)
+    assert t.bwd_weight_s == pytest.approx(t.parts["gemm_bwd_weight"])
+
+
+def test_context_parallel_divides_tokens_and_attention(flat):
+    gpu = make_gpu(bw=1e18)
+    one = layer_times(GPT, 1, 1, False, 1, "bf16", "none", gpu, flat).parts
+    two = layer_times(GPT, 1, 1, False, 2, "bf16", "none", gpu, flat).parts
+    assert two["gemm_fwd"] == pytest.approx(one["gemm_fwd"] / 2)
+    assert two["attention_fwd"] == pytest.approx(one["attention_fwd"] / 2)
+
+
+def test_sequence_parallel_shrinks_norm_traffic(shipped):
+    big = preset_dims("gpt3-175b")
+    no_sp = layer_times(big, 1, 8, False, 1, "bf16", "none", H100, shipped)
+    sp = layer_times(big, 1, 8, True, 1, "bf16", "none", H100, shipped)
+    assert sp.parts["elementwise_fwd"] < no_sp.parts["elementwise_fwd"]
+    assert sp.parts["gemm_fwd"] == no_sp.parts["gemm_fwd"]
+
+
+def test_recompute_adds_forward_work(shipped):
+    args = (GPT, 2, 1, False, 1, "bf16")
+    none = layer_times(*args, "none", H100, shipped)
+    sel = layer_times(*args, "selective", H100, shipped)
+    full = layer_times(*args, "full", H100, shipped)
+    assert none.recompute_s == 0
+    assert sel.recompute_s == pytest.approx(sel.parts["attention_fwd"])
+    assert full.recompute_s == pytest.approx(full.fwd_s)
+    assert none.fwd_s == sel.fwd_s == full.fwd_s
+
+
+def test_t5_decoder_block_costs_more_than_encoder(shipped):
+    t5 = preset_dims("t5-base")
+    enc = layer_times(t5, 2, 1, False, 1, "bf16", "none", H100, shipped)
+    dec = layer_times(t5, 2, 1, False, 1, "bf16", "none", H100, shipped, decoder=True)
+    assert dec.fwd_s > enc.fwd_s and dec.bwd_s > enc.bwd_s
+
+
+def test_embedding_and_head(shipped):
+    emb = embedding_times(GPT, 2, 1, False, 1, "bf16", H100, shipped)
+    head = head_times(GPT, 2, 1, False, 1, "bf16", H100, shipped)
+    head_tp = head_times(GPT, 2, 4, False, 1, "bf16", H100, shipped)
+    assert emb.fwd_s > 0 and emb.bwd_input_s == 0 and emb.bwd_weight_s == emb.bwd_s
+    assert head.fwd_s > head_tp.fwd_s > 0
+    assert head.bwd_s == pytest.approx(head.bwd_input_s + head.bwd_weight_s)
+
+
+def test_fp32_training_is_slower_than_bf16(shipped):
+    fast = layer_times(GPT, 2, 1, False, 1, "bf16", "none", H100, shipped)
+    slow = layer_times(GPT, 2, 1, False, 1, "fp32", "none", H100, shipped)
+    assert slow.fwd_s > 5 * fast.fwd_s
+
+
+def test_same_input_same_output(shipped):
+    a = layer_times(LLAMA, 2, 2, True, 2, "bf16", "selective", H100, shipped)
+    b = layer_times(LLAMA, 2, 2, True, 2, "bf16", "selective", H100, shipped)
+    assert a == b and a.parts == b.parts
+
+
+def test_unsupported_precision_and_bad_recompute(shipped):
+    v100 = GPU("v100-16gb", "V100", 16 * 2**30, 900e9, {"fp16": 125e12, "fp32": 15.7e12})
+    with pytest.raises(PartitaError, match="precision 'bf16' is not supported by v100-16gb"):
+        layer_times(GPT, 1, 1, False, 1, "bf16", "none", v100, shipped)
+    with pytest.raises(PartitaError, match="training.recompute"):
+        layer_times(GPT, 1, 1, False, 1, "bf16", "some", H100, shipped)
+
+
+# ---- the calibration files ----
+
+def test_every_shipped_gpu_has_curves_and_sources(shipped):
+    for name, g in shipped.gpus.items():
+        assert g.source, name
+        assert 0 < g.matmul_efficiency("bf16", 1e-3) <= 1.0
+        assert 0 < g.attention_forward <= 1 and 0 < g.attention_backward <= 1
+    assert shipped.gpu("h200-141gb").matmul["bf16"] == shipped.gpu("h100-80gb").matmul["bf16"]
+    assert shipped.gpu("h200-141gb").matmul_efficiency("fp8", 1.0) == pytest.approx(1453.4 / 1979)
+    unknown = shipped.gpu("k80")                  # no data: the default curves, its own name
+    assert unknown.name == "k80" and unknown.default_matmul == shipped.default.default_matmul
+
+
+def test_override_merges_field_by_field(tmp_path, shipped):
+    path = write(tmp_path, {"gpus": {"h100-80gb": {"attention_forward_efficiency": 0.3}}})
+    cal = load_calibration(path, include_local=False)
+    assert cal.gpu("h100-80gb").attention_forward == 0.3
+    assert cal.gpu("h100-80gb").matmul == shipped.gpu("h100-80gb").matmul
+    assert cal.gpu("a100-80gb") == shipped.gpu("a100-80gb")
+
+
+def test_override_replaces_one_precision_whole(tmp_path, shipped):
+    path = write(tmp_path, {"gpus": {"h100-80gb": {"matmul": {"bf16": {"peak_tflops": 989,
+                                                                       "plateau_tflops": 494.5}}}}})
+    cal = load_calibration(path, include_local=False)
+    assert cal.gpu("h100-80gb").matmul_efficiency("bf16", 1.0) == pytest.approx(0.5)
+    assert cal.gpu("h100-80gb").matmul["fp8"] == shipped.gpu("h100-80gb").matmul["fp8"]
+
+
+def test_local_overlay_is_read_from_partita_home(tmp_path, monkeypatch):
+    (tmp_path / "calibration-local.yaml").write_text(yaml.safe_dump({"gpus": {"local-cpu": {
+        "matmul": {"fp32": {"peak_tflops": 1.0,
+                            "measured_mnk_tflops": [[256, 256, 256, 0.2], [1024, 1024, 1024, 0.6]]}},
+        "source": ["partita calibrate test"]}}}))
+    monkeypatch.setenv("PARTITA_HOME", str(tmp_path))
+    cal = load_calibration()
+    g = cal.gpu("local-cpu")
+    assert g.matmul_efficiency("fp32", 2 * 1024**3 / 1e12) == pytest.approx(0.6)
+    assert load_calibration(include_local=False).gpus.get("local-cpu") is None
+
+
+BAD = [
+    ({"gpus": {"h100-80gb": {"atention_forward_efficiency": 0.5}}},
+     r"gpus\.h100-80gb\.atention_forward_efficiency: unknown key; did you mean 'attention_forward_efficiency'"),
+    ({"gpus": {"x": {"matmul": {"bf16": {"plateau_tflops": 5}}}}},
+     r"gpus\.x\.matmul\.bf16\.peak_tflops: missing required key"),
+    ({"gpus": {"x": {"matmul": {"bf16": {"peak_tflops": 5, "measured_mnk_tflops": [[1, 2, 3]]}}}}},
+     r"measured_mnk_tflops: entry 0: expected \[m, n, k, tflops\]"),
+    ({"gpus": {"x": {"memory_efficiency_by_mb": [[10, 0.5], [1, 0.9]]}}},
+     r"gpus\.x\.memory_efficiency_by_mb: x values must increase"),
+    ({"gpus": {"x": {"like": "h100"}}}, r"gpus\.x\.like: unknown GPU in the calibration 'h100'"),
+    ({"gpus": {"x": {"attention_forward_efficiency": "fast"}}},
+     r"gpus\.x\.attention_forward_efficiency: expected a number, got 'fast'"),
+    ({"gpus": {"x": {"attention_forward_efficiency": 7}}}, r"expected an efficiency"),
+    ({"gpus": {"x": {"matmul": {"bf17": {}}}}}, r"gpus\.x\.matmul\.bf17: unknown key"),
+    ({"gpus": {"x": {"matmul": {"fp16": {"like_precision": "bf16"}}}}},
+     r"gpus\.x\.matmul\.fp16\.like_precision: no measured data for 'bf16'"),
+    ({"gpu": {}}, r"gpu: unknown key; did you mean 'gpus'"),
+]
+
+
+@pytest.mark.parametrize("doc,message", BAD)
+def test_bad_calibration_files_name_file_and_key(tmp_path, doc, message):
+    path = write(tmp_path, doc)
+    with pytest.raises(PartitaError, match=message) as info:
+        load_calibration(path, include_local=False)
+    assert str(path) in str(info.value)
+
+
+def test_missing_and_malformed_calibration_files(tmp_path):
+    with pytest.raises(PartitaError, match="no such calibration file"):
+        load_calibration(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("gpus: [unclosed\n")
+    with pytest.raises(PartitaError, match="invalid YAML"):
+        load_calibration(bad, include_local=False)
+    assert math.isfinite(load_calibration(include_local=False).default.kernel_floor_s)

@@ -1,0 +1,222 @@
+"""Per-GPU memory: Megatron's theoretical-memory formulas by hand, Korthikanti's activation terms,
+ZeRO sharding, pipeline schedules' in-flight micro-batches, and bad input."""
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import PartitaError
+from planner.modelspec import TransformerDims, preset_dims
+from planner.scenario import ParallelSpec, TrainingSpec
+from simulator.calibration import load_calibration
+from simulator.memory import (activation_microbatches, block_activation_bytes, block_parameters,
+                              bytes_per_parameter, embedding_parameters, pipeline_memory,
+                              stage_memory)
+
+GPT = TransformerDims(arch="gpt", layers=24, hidden=2048, heads=16, seq_len=2048, vocab=51200)
+LLAMA = preset_dims("llama2-7b")
+
+
+@pytest.fixture(scope="module")
+def cal():
+    return load_calibration(include_local=False)
+
+
+def megatron_weight_and_optimizer(d: TransformerDims, tp: int, pp: int, dp: int,
+                                  distributed_optimizer: bool) -> float:
+    """megatron/training/theoretical_memory_usage.py, compute_weight_and_optimizer_memory, by hand
+    for a llama (RMSNorm, SwiGLU, untied) model."""
+    h, a, g = d.hidden, d.heads, d.kv_heads
+    layer = 2 * h * (d.ffn_hidden * 3 / 2 + 1) + 2 * h * h * (1 + g / a)
+    block = layer * d.layers + h                             # + final layernorm
+    embedding = h * d.vocab
+    shard = (block / pp + embedding) / tp
+    if pp == 1:
+        shard += embedding / tp                              # untied output layer
+    per_param = 6 + 12 / dp if distributed_optimizer else 18
+    return shard * per_param
+
+
+@pytest.mark.parametrize("tp,pp,dp,zero", [(1, 1, 1, 0), (2, 4, 8, 1), (8, 2, 4, 0), (4, 1, 16, 1)])
+def test_weights_and_optimizer_match_megatron(cal, tp, pp, dp, zero):
+    m = stage_memory(LLAMA, micro_batch=1, precision="bf16", optimizer="adam", recompute="none",
+                     cal=cal, tp=tp, dp=dp, zero=zero, pipeline=pp, blocks=LLAMA.layers // pp,
+                     first=True, last=(pp == 1))
+    ours = m.parameters + m.gradients + m.optimizer
+    expect = megatron_weight_and_optimizer(LLAMA, tp, pp, dp, zero == 1)
+    # Megatron's formula spreads the final norm over all stages and TP ranks (h / (pp * tp) here);
+    # it lives, replicated, on the last stage only.
+    per_param = 6 + 12 / dp if zero == 1 else 18
+    expect += per_param * ((LLAMA.hidden if pp == 1 else 0) - LLAMA.hidden / (pp * tp))
+    assert ours == pytest.approx(expect, rel=1e-12)
+
+
+def test_megatron_block_parameters_by_hand():
+    h, f = GPT.hidden, GPT.ffn_hidden
+    assert block_parameters(GPT) == 12 * h * h + 13 * h            # 4h^2 + 8h^2 weights, biases, LNs
+    h, f = LLAMA.hidden, LLAMA.ffn_hidden
+    assert block_parameters(LLAMA) == 4 * h * h + 3 * h * f + 2 * h
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama2-70b", "bert-large"])
+def test_block_parameters_agree_with_the_cost_model(name):
+    from planner.costmodel import layer_params
+    dims = preset_dims(name)
+    blocks = {p for _, kind, p in layer_params(dims) if kind == "block"}
+    assert blocks == {block_parameters(dims)}
+
+
+def test_activations_match_megatron_with_sequence_parallel(cal):
+    """compute_activation_memory (SP + selective), first pipeline stage, 1F1B with m >= p."""
+    tp, pp, m = 4, 4, 16
+    s, b, h, L = GPT.seq_len, 2, GPT.hidden, GPT.layers
+    expect = (s * b * h * (18 + 4 * GPT.ffn_hidden / h) * L + 8 * s * b * pp + s * b * h * pp) / tp
+    expect += 8 * s * b * pp * (1 - 1 / tp)     # token ids are replicated, not split over TP ranks
+    training = TrainingSpec(global_batch=b * m, micro_batch=b, recompute="selective")
+    parallel = ParallelSpec(tensor=tp, pipeline=pp, sequence_parallel=True)
+    first = pipeline_memory(GPT, training, parallel, cal, flash_attention=False)[0]
+    assert first.activations == pytest.approx(expect)
+
+
+def test_interleaved_penalty_matches_megatron(cal):
+    tp, pp, v, m = 2, 4, 3, 8
+    s, b, h, L = GPT.seq_len, 1, GPT.hidden, GPT.layers
+    penalty = 1 + (pp - 1) / (pp * v)
+    expect = (s * b * h * 34 * L + 8 * s * b * pp + s * b * h * pp) * penalty / tp
+    expect += 8 * s * b * pp * penalty * (1 - 1 / tp)     # token ids are replicated over TP ranks
+    training = TrainingSpec(global_batch=m, recompute="selective")
+    parallel = ParallelSpec(tensor=tp, pipeline=pp, sequence_parallel=True,
+                            schedule="interleaved-1f1b", virtual_stages=v)
+    first = pipeline_memory(GPT, training, parallel, cal, flash_attention=False)[0]
+    assert first.activations == pytest.approx(expect)
+
+
+def test_korthikanti_per_layer_terms():
+    s, b, h, a = GPT.seq_len, 1, GPT.hidden, GPT.heads
+    sbh = s * b * h
+    kw = dict(precision="bf16", flash_attention=False)
+    assert block_activation_bytes(GPT, b, recompute="none", **kw) == pytest.approx(
+        sbh * (34 + 5 * a * s / h))
+    for t in (2, 8):
+        assert block_activation_bytes(GPT, b, tp=t, recompute="none", **kw) == pytest.approx(
+            sbh * (10 + 24 / t + 5 * a * s / (h * t)))
+        assert block_activation_bytes(GPT, b, tp=t, sp=True, recompute="none", **kw) == pytest.approx(
+            sbh * (34 + 5 * a * s / h) / t)
+        assert block_activation_bytes(GPT, b, tp=t, recompute="selective", **kw) == pytest.approx(
+            sbh * (10 + 24 / t))
+        assert block_activation_bytes(GPT, b, tp=t, recompute="full", **kw) == pytest.approx(2 * sbh)
+        assert block_activation_bytes(GPT, b, tp=t, sp=True, recompute="full", **kw) == pytest.approx(
+            2 * sbh / t)
+
+
+def test_flash_attention_never_stores_scores():
+    flash_none = block_activation_bytes(GPT, 1, recompute="none")
+    flash_sel = block_activation_bytes(GPT, 1, recompute="selective")
+    plain_sel = block_activation_bytes(GPT, 1, recompute="selective", flash_attention=False)
+    assert flash_none == flash_sel
+    assert flash_sel - plain_sel == pytest.approx(4 * GPT.heads * GPT.seq_len)   # logsumexp only
+
+
+def test_fp32_doubles_the_two_byte_terms():
+    sbh = GPT.seq_len * GPT.hidden
+    kw = dict(recompute="selective", flash_attention=False)
+    assert block_activation_bytes(GPT, 1, precision="fp32", **kw) == pytest.approx(sbh * (2 * 32 + 2))
+
+
+def test_context_parallel_divides_activations():
+    one = block_activation_bytes(GPT, 1, recompute="selective")
+    assert block_activation_bytes(GPT, 1, cp=4, recompute="selective") == pytest.approx(one / 4)
+
+
+def test_bytes_per_parameter():
+    assert bytes_per_parameter("bf16", "adam", 0, 1) == (2, 4, 12)
+    assert bytes_per_parameter("bf16", "sgd", 0, 1) == (2, 4, 8)
+    assert bytes_per_parameter("fp32", "adam", 0, 1) == (4, 4, 8)
+    assert bytes_per_parameter("bf16", "adam", 1, 8) == (2, 4, 1.5)
+    assert bytes_per_parameter("bf16", "adam", 2, 8) == (2, 0.25, 1.5)
+    # ZeRO-3: (2 + 2 + K) psi / N_d (Rajbhandari et al. 2020)
+    assert sum(bytes_per_parameter("bf16", "adam", 3, 64)) == pytest.approx((2 + 2 + 12) / 64)
+
+
+def test_zero3_divides_all_three_by_the_data_group(cal):
+    kw = dict(micro_batch=1, precision="bf16", optimizer="adam", recompute="full", cal=cal, zero=3)
+    one = stage_memory(GPT, dp=1, **kw)
+    many = stage_memory(GPT, dp=8, cp=2, **kw)
+    for key in ("parameters", "gradients", "optimizer"):
+        assert getattr(many, key) == pytest.approx(getattr(one, key) / 16)
+    assert many.activations == pytest.approx(one.activations / 2)       # cp halves the sequence
+    assert many.details["zero3_gathered"] == pytest.approx(2 * block_parameters(GPT) * 2)
+
+
+def test_gpipe_holds_at_least_what_1f1b_holds(cal):
+    for p, m in ((4, 8), (8, 8), (4, 2)):
+        for rank in range(p):
+            gpipe = activation_microbatches("gpipe", p, m, rank)
+            one_f = activation_microbatches("1f1b", p, m, rank)
+            assert gpipe >= one_f
+            assert one_f == min(p - rank, m)
+            assert activation_microbatches("zero-bubble", p, m, rank) == one_f
+    # interleaved, first rank: p (1 + (p-1)/(pv)) chunks' worth, capped at all m micro-batches
+    assert activation_microbatches("interleaved-1f1b", 4, 8, 0, 2) == 4 + 3 / 2
+    assert activation_microbatches("interleaved-1f1b", 8, 8, 0, 2) == 8
+    training = TrainingSpec(global_batch=16)
+    for schedule in ("1f1b", "gpipe"):
+        mems = pipeline_memory(GPT, training, ParallelSpec(pipeline=4, schedule=schedule), cal)
+        if schedule == "1f1b":
+            one_f = [x.activations for x in mems]
+        else:
+            assert all(g >= o for g, o in zip((x.activations for x in mems), one_f))
+    assert one_f == sorted(one_f, reverse=True)
+
+
+def test_embedding_placement(cal):
+    word, _ = embedding_parameters(GPT)
+    kw = dict(micro_batch=1, precision="bf16", optimizer="adam", recompute="full", cal=cal)
+    alone = stage_memory(GPT, **kw)
+    last = stage_memory(GPT, blocks=0, first=False, last=True, pipeline=2, **kw)
+    middle = stage_memory(GPT, blocks=0, first=False, last=False, pipeline=2, **kw)
+    assert alone.details["parameter_count"] == GPT.layers * block_parameters(GPT) + word \
+        + GPT.max_positions * GPT.hidden + 2 * GPT.hidden
+    assert last.details["parameter_count"] == word + 2 * GPT.hidden   # tied copy + final LN
+    assert middle.details["parameter_count"] == 0
+    untied = stage_memory(LLAMA, blocks=0, first=False, last=True, pipeline=2, **kw)
+    assert untied.details["parameter_count"] == LLAMA.vocab * LLAMA.hidden + LLAMA.hidden
+
+
+def test_logits_and_framework_reserve(cal):
+    m = stage_memory(GPT, micro_batch=2, precision="bf16", optimizer="adam", recompute="full",
+                     cal=cal, tp=2)
+    tokens = 2 * GPT.seq_len
+    assert m.details["logits"] == pytest.approx(2 * 2 * tokens * GPT.hidden + 4 * tokens * GPT.vocab / 2)
+    allocated = m.allocated_bytes
+    reserve = 0.75 * 2**30 + 0.25 * 2**30 + 0.05 * allocated
+    assert m.details["framework_reserve"] == pytest.approx(reserve, rel=1e-6)
+    assert abs(m.total_bytes - sum(m.breakdown().values())) <= len(m.breakdown())   # rounding
+
+
+def test_t5_decoder_blocks_and_stage_split(cal):
+    t5 = preset_dims("t5-base")
+    assert block_parameters(t5, decoder=True) > block_parameters(t5)
+    mems = pipeline_memory(t5, TrainingSpec(global_batch=8), ParallelSpec(pipeline=2), cal)
+    assert mems[0].details["parameter_count"] < mems[1].details["parameter_count"] + \
+        t5.vocab * t5.hidden
+    explicit = ParallelSpec(pipeline=2, stages=((0, 20), (20, 24)))
+    uneven = pipeline_memory(t5, TrainingSpec(global_batch=8), explicit, cal)
+    assert uneven[0].parameters > uneven[1].parameters
+
+
+def test_gpt3_fits_an_a100_80gb_with_megatrons_plan(cal):
+    """Narayanan et al. 2021 trained GPT-3 175B with t=8, p=8 (or 12) on 80 GB A100s."""
+    training = TrainingSpec(global_batch=1536, micro_batch=1, recompute="full")
+    parallel = ParallelSpec(tensor=8, pipeline=8, data=16)
+    peak = max(m.total_bytes for m in pipeline_memory(preset_dims("gpt3-175b"), training,
+                                                      parallel, cal))
+    assert 30 * 2**30 < peak < 80 * 2**30
+
+
+def test_bad_input(cal):
+    with pytest.raises(PartitaError, match="training.optimizer: expected one of adam, sgd, got 'adamw'"):
+        bytes_per_parameter("bf16", "adamw", 0, 1)
+    with pytest.raises(PartitaError, match="parallel.zero"):
+        bytes_per_parameter("bf16", "adam", 4, 1)
+    with pytest.raises(PartitaError, match="parallel.schedule: expected one of"):
+        activation_microbatches("1f2b", 4, 8)
