@@ -26,7 +26,8 @@ DIM_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_
             "decoder_layers", "head_dim", "max_positions", "tie_embeddings", "name")
 MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
-TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer")
+TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention")
+ATTENTION = ("flash", "unfused")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap")
@@ -49,6 +50,7 @@ class TrainingSpec:
     precision: str = "bf16"
     recompute: str = "none"
     optimizer: str = "adam"
+    attention: str = "flash"        # flash (fused, scores never stored) | unfused (stored scores)
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,8 @@ class Scenario:
         t = self.training
         out["training"] = {"global_batch": t.global_batch, "micro_batch": t.micro_batch,
                            "precision": t.precision, "recompute": t.recompute, "optimizer": t.optimizer}
+        if t.attention != "flash":
+            out["training"]["attention"] = t.attention
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -211,7 +215,8 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         micro_batch=c.int("micro_batch", 1),
                         precision=c.choice("precision", PRECISIONS, "bf16"),
                         recompute=c.choice("recompute", RECOMPUTE, "none"),
-                        optimizer=c.choice("optimizer", OPTIMIZERS, "adam"))
+                        optimizer=c.choice("optimizer", OPTIMIZERS, "adam"),
+                        attention=c.choice("attention", ATTENTION, "flash"))
 
 
 def _parse_parallel(c: Checker) -> ParallelSpec:

@@ -161,12 +161,37 @@ def _block_attention_flops(dims: TransformerDims, micro_batch: int, tp: int,
     return attention_flops(micro_batch, q_heads, dims.seq_len // cp, dims.seq_len, dims.head_dim)
 
 
+def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int, precision: str,
+                       gpu: GPU, g: GpuCalibration) -> tuple[float, float]:
+    """Forward and backward seconds of attention with a stored score matrix (no causal skip).
+
+    QK^T and PV run as batched GEMMs (stacked here: same FLOPs, one launch); the scores
+    (b * heads/tp * s_q * s_kv elements) are written by QK^T, read and written by the fused
+    scale-mask-softmax, read and written by dropout (plus a 1-byte mask), and read by PV.
+    Backward: two GEMMs per forward GEMM, dropout and softmax backward over the same elements.
+    """
+    q_heads, _ = _heads(dims, tp)
+    s_q, s_kv, hd = dims.seq_len // cp, dims.seq_len, dims.head_dim
+    rows = micro_batch * q_heads * s_q
+    e = element_bytes(precision)
+    scores = float(rows * s_kv)
+    fwd = _gemm(rows, s_kv, hd, gpu, precision, g) + _gemm(rows, hd, s_kv, gpu, precision, g)
+    fwd += _elementwise(scores * (2 * e + 2 * e + 1), gpu, g)
+    bwd = 2 * _gemm(rows, s_kv, hd, gpu, precision, g) + 2 * _gemm(rows, hd, s_kv, gpu, precision, g)
+    bwd += _elementwise(scores * (3 * e + 1 + 3 * e), gpu, g)
+    return fwd, bwd
+
+
 # ---- layers ----
 
 def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
                 precision: str, recompute: str, gpu: GPU, cal: Calibration,
-                *, decoder: bool = False) -> LayerTimes:
-    """One transformer block (a t5 decoder block with decoder=True) for one micro-batch."""
+                *, decoder: bool = False, attention: str = "flash") -> LayerTimes:
+    """One transformer block (a t5 decoder block with decoder=True) for one micro-batch.
+
+    attention "flash": one fused kernel that never stores the scores (Dao et al. 2022);
+    "unfused": two batched GEMMs around a stored score matrix with a fused scale-mask-softmax and
+    dropout (Megatron-LM before flash attention; Korthikanti et al. 2022, Sec. 4.1)."""
     if recompute not in RECOMPUTE:
         raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
                            f"got {recompute!r}")
@@ -177,12 +202,18 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
         gemm_i += _gemm(gm.m, gm.k, gm.n, gpu, precision, g)     # dX = dY @ W^T
         gemm_w += _gemm(gm.k, gm.n, gm.m, gpu, precision, g)     # dW = X^T @ dY
     causal = dims.arch in ("gpt", "llama") or decoder
-    flops = _block_attention_flops(dims, micro_batch, tp, cp)
-    attn_f = _attention(flops, causal, gpu, precision, g, False)
-    attn_b = _attention(flops, causal, gpu, precision, g, True)
-    if decoder:                                     # cross-attention: never masked
-        attn_f += _attention(flops, False, gpu, precision, g, False)
-        attn_b += _attention(flops, False, gpu, precision, g, True)
+    if attention == "unfused":
+        attn_f, attn_b = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g)
+        if decoder:
+            f2, b2 = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g)
+            attn_f, attn_b = attn_f + f2, attn_b + b2
+    else:
+        flops = _block_attention_flops(dims, micro_batch, tp, cp)
+        attn_f = _attention(flops, causal, gpu, precision, g, False)
+        attn_b = _attention(flops, causal, gpu, precision, g, True)
+        if decoder:                                     # cross-attention: never masked
+            attn_f += _attention(flops, False, gpu, precision, g, False)
+            attn_b += _attention(flops, False, gpu, precision, g, True)
     ew_bytes = _block_elementwise_bytes(dims, micro_batch, tp, cp, sp, precision, decoder)
     ew_f = _elementwise(ew_bytes, gpu, g)
     ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes, gpu, g)

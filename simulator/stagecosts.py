@@ -22,6 +22,7 @@ from simulator.compute import LayerTimes, element_bytes, embedding_times, head_t
 from simulator.context import StepContext
 from simulator.memory import block_parameters
 from simulator.network import Group, Topology, collective, cp_ring_time, p2p
+from simulator.overheads import Overheads
 
 FSDP_GRAD_BYTES = 2      # ZeRO-3/FSDP reduce-scatter in the 16-bit compute dtype (DeepSpeed, FSDP2)
 
@@ -48,11 +49,32 @@ def _add(parts: dict[str, float], key: str, value: float) -> None:
         parts[key] = parts.get(key, 0.0) + value
 
 
-def block_cost(ctx: StepContext, topo: Topology, cal, *, decoder: bool) -> BlockCost:
+MATMUL_PARTS_F = ("gemm_fwd", "attention_fwd")
+MATMUL_PARTS_B = ("gemm_bwd_input", "gemm_bwd_weight", "attention_bwd")
+
+
+def sustained(lt: LayerTimes, oh: Overheads, per_layer_s: float = 0.0) -> LayerTimes:
+    """A layer's times with matmul work at the sustained fraction and a fixed per-layer cost."""
+    slow = 1.0 / oh.sustained_matmul_fraction - 1.0
+    extra_f = slow * sum(lt.parts.get(k, 0.0) for k in MATMUL_PARTS_F) + per_layer_s
+    extra_i = slow * sum(lt.parts.get(k, 0.0) for k in ("gemm_bwd_input", "attention_bwd"))
+    extra_w = slow * lt.parts.get("gemm_bwd_weight", 0.0) + per_layer_s
+    extra_i += per_layer_s
+    if lt.recompute_s and lt.recompute_s >= lt.fwd_s * (1 - 1e-12):
+        recompute = lt.fwd_s + extra_f                      # full: the whole forward again
+    else:
+        recompute = lt.recompute_s * (1.0 + slow)           # selective: the attention core
+    return LayerTimes(lt.fwd_s + extra_f, lt.bwd_s + extra_i + extra_w,
+                      lt.bwd_input_s + extra_i, lt.bwd_weight_s + extra_w, recompute, lt.parts)
+
+
+def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder: bool) -> BlockCost:
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     gpu = ctx.system.gpu
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
-                                 t.precision, t.recompute, gpu, cal, decoder=decoder)
+                                 t.precision, t.recompute, gpu, cal, decoder=decoder,
+                                 attention=t.attention)
+    lt = sustained(lt, oh, oh.block_overhead_s)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
     _add(parts, "compute", compute_f + compute_b)
@@ -107,15 +129,15 @@ def _fsdp(ctx: StepContext, topo: Topology, decoder: bool, fwd: float, bwd: floa
     return new_f, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
 
 
-def chunk_costs(ctx: StepContext, topo: Topology, cal) -> list[ChunkCost]:
+def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads) -> list[ChunkCost]:
     d, p, t = ctx.dims, ctx.parallel, ctx.training
-    enc = block_cost(ctx, topo, cal, decoder=False)
-    dec = block_cost(ctx, topo, cal, decoder=True) if d.arch == "t5" else None
+    enc = block_cost(ctx, topo, cal, oh, decoder=False)
+    dec = block_cost(ctx, topo, cal, oh, decoder=True) if d.arch == "t5" else None
     gpu = ctx.system.gpu
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
-    head = head_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
-                      t.precision, gpu, cal)
+    head = sustained(head_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
+                                t.precision, gpu, cal), oh)
     ranges = chunk_ranges(d.total_layers, p)
     out = []
     for i, (a, b) in enumerate(ranges):

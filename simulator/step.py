@@ -22,6 +22,7 @@ from simulator.context import StepContext, resolve
 from simulator.dataparallel import dp_finish_times, optimizer_time
 from simulator.memory import pipeline_memory
 from simulator.network import build_topology
+from simulator.overheads import load_overheads
 from simulator.pipeline import PipelineCosts, simulate_pipeline
 from simulator.result import SimResult, Span
 from simulator.stagecosts import chunk_costs, p2p_costs
@@ -29,11 +30,13 @@ from simulator.stagecosts import chunk_costs, p2p_costs
 PART_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "fsdp_comm")
 
 
-def simulate(scenario, catalog, *, trace: bool = False, calibration=None) -> SimResult:
+def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
+             overheads=None) -> SimResult:
     ctx = resolve(scenario, catalog)
     cal = calibration if calibration is not None else load_calibration()
+    oh = overheads if overheads is not None else load_overheads()
     topo = build_topology(ctx.system, cal)
-    chunks = chunk_costs(ctx, topo, cal)
+    chunks = chunk_costs(ctx, topo, cal, oh)
     act, grad, same = p2p_costs(ctx, topo)
     p = ctx.parallel
     costs = PipelineCosts(tuple(c.forward_s for c in chunks), tuple(c.backward_s for c in chunks),
@@ -41,25 +44,22 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None) -> Sim
                           tuple(same))
     schedule = build(p.schedule, p.pipeline, ctx.microbatches, p.virtual_stages)
     timeline = simulate_pipeline(schedule, costs, trace=trace, check=False)
-    if p.pipeline > 1 and any(act):
-        free = PipelineCosts(costs.forward_s, costs.backward_s, costs.backward_weight_s,
-                             (0.0,) * len(act), (0.0,) * len(grad), costs.same_node)
-        no_comm_makespan = simulate_pipeline(schedule, free, check=False).makespan_s
-    else:
-        no_comm_makespan = timeline.makespan_s
+    # The fill and the drain each cross every chunk boundary once on the critical path
+    # ((m + p - 1)(f + b) + (p - 1)(a + g) for uniform 1F1B), the steady state hides the rest.
+    critical_p2p = sum(act) + sum(grad)
 
     rank_compute_end = _rank_ends(timeline, p.pipeline)
     dp_end, dp_spans = dp_finish_times(ctx, topo, cal, timeline, costs, rank_compute_end,
                                        trace=trace)
-    opt_s = optimizer_time(ctx, cal)
+    opt_s = optimizer_time(ctx, cal) + oh.step_overhead_s
     critical = max(range(p.pipeline), key=lambda r: (dp_end[r], -r))
     step = dp_end[critical] + opt_s
     inflight = [float(x) / max(1, p.virtual_stages) for x in _inflight(timeline, p)]
     mem = pipeline_memory(ctx.dims, ctx.training, p, cal, microbatches=ctx.microbatches,
-                          inflight=inflight)
+                          inflight=inflight, flash_attention=ctx.training.attention == "flash")
     peak_rank = max(range(len(mem)), key=lambda r: (_total(mem[r]), -r))
     breakdown = _breakdown(ctx, chunks, timeline, critical, rank_compute_end, dp_end, opt_s,
-                           no_comm_makespan)
+                           critical_p2p)
     spans = _spans(timeline, dp_spans, opt_s, dp_end, p.pipeline) if trace else ()
     return _result(ctx, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
 
@@ -79,7 +79,7 @@ def _total(m) -> float:
 
 
 def _breakdown(ctx: StepContext, chunks, timeline, r: int, ends, dp_end, opt_s: float,
-               no_comm_makespan: float) -> dict[str, float]:
+               critical_p2p: float) -> dict[str, float]:
     """Where the critical rank's step time went; the values add up to the step time."""
     p = ctx.parallel
     m = ctx.microbatches
@@ -88,8 +88,7 @@ def _breakdown(ctx: StepContext, chunks, timeline, r: int, ends, dp_end, opt_s: 
         for key, value in chunks[c].parts.items():
             out[key] = out.get(key, 0.0) + m * value
     busy = sum(out.values())
-    pp_comm = max(0.0, timeline.makespan_s - no_comm_makespan) if p.pipeline > 1 else 0.0
-    pp_comm = min(pp_comm, max(0.0, ends[r] - busy))
+    pp_comm = min(critical_p2p, max(0.0, ends[r] - busy))
     out["pp_comm"] = pp_comm
     out["bubble"] = max(0.0, ends[r] - busy - pp_comm)
     out["dp_comm"] = max(0.0, dp_end[r] - ends[r])
