@@ -1,0 +1,122 @@
+"""`partita validate [CSV] [--json] [--rows ID,...] [--verbose]`: the simulator against measurements.
+
+Usage:
+    partita validate                              # data/validation/published_dev.csv
+    partita validate my_runs.csv --split my_split.yaml
+    partita validate --rows NAR21-01,MPT-25 --verbose
+    partita validate --json > validation.json
+
+Prints one line per simulated row (measured and predicted seconds per step, error =
+predicted/measured - 1, fit or hold-out group, the assumptions made to read the row), the rows
+that could not be simulated and why, and the summary (median, p90, max, mean absolute error) for
+the fit and hold-out groups apart. It is a report: exit 0 whatever the errors; exit 1 only on bad
+input (missing CSV, unknown column, unknown row id, malformed split file).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+
+from partita.commands import add_catalog_option
+
+MODEL_WIDTH = 24
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("validate", help="compare the simulator with published measurements",
+                       description="Simulate every published measurement and report the error.")
+    p.add_argument("csv", nargs="?", metavar="CSV", default=None,
+                   help="measurements in the columns of data/validation/published_dev.csv (default: that file)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--rows", metavar="ID,...", default=None, help="only these row ids")
+    p.add_argument("--split", metavar="FILE", default=None,
+                   help="fit/hold-out split (YAML with fit: [ids]); default data/validation/split.yaml")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="full assumptions and conversion per row, one line per skipped row")
+    add_catalog_option(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from partita.commands import catalog_from_args
+    from simulator.validation import load_split, run_validation
+
+    rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
+    split = load_split(args.split)
+    report = run_validation(args.csv, rows=rows, split=split, catalog=catalog_from_args(args))
+    if args.json:
+        print(json.dumps(report.to_json()))
+    else:
+        print(format_report(report, verbose=args.verbose))
+    return 0
+
+
+def format_report(report, verbose: bool = False) -> str:
+    lines = [f"partita validate: {report.csv}  ({len(report.results)} rows simulated, "
+             f"{len(report.skipped)} skipped)", ""]
+    lines += _table(report, verbose)
+    lines += ["", "Summary: |predicted / measured - 1| of the step time, in percent"]
+    lines += _summary_lines(report)
+    failed = report.failed()
+    if failed:
+        lines += ["", f"Not simulated ({len(failed)}): the simulator refused the scenario"]
+        lines += [f"  {r.row.row_id}: {r.failure}" for r in failed]
+    lines += ["", *_skipped_lines(report, verbose)]
+    if report.split_rule:
+        lines += ["", f"Fit rows (data/validation/split.yaml): {report.split_rule}"]
+    return "\n".join(lines)
+
+
+def _table(report, verbose: bool) -> list[str]:
+    from simulator.validation import plan_text
+    head = (f"{'id':<11} {'model':<{MODEL_WIDTH}} {'GPUs':>5} {'system':<14} {'plan':<36} "
+            f"{'measured s':>10} {'predicted s':>11} {'error %':>8} {'group':<7} assumptions")
+    out = [head, "-" * len(head)]
+    for r in report.results:
+        m = r.row
+        predicted = f"{r.predicted_step_s:11.4g}" if r.predicted_step_s is not None else f"{'-':>11}"
+        error = f"{100 * r.error:+8.1f}" if r.error is not None else f"{'-':>8}"
+        fits = "" if r.fits_in_memory in (None, True) else " [does not fit in memory]"
+        keys = ", ".join(a.split(" ", 1)[0].rstrip(":") for a in m.assumptions)
+        out.append(f"{m.row_id:<11} {m.model[:MODEL_WIDTH]:<{MODEL_WIDTH}} {m.gpus:>5} "
+                   f"{m.scenario.cluster.system:<14} {plan_text(m):<36} {m.measured_step_s:10.4g} "
+                   f"{predicted} {error} {r.group:<7} {keys}{fits}")
+        if verbose:
+            out.append(f"    measured: {m.conversion}")
+            out += [f"    assumed:  {a}" for a in m.assumptions]
+    return out
+
+
+def _fmt(value) -> str:
+    return f"{value:8.1f}" if value is not None else f"{'-':>8}"
+
+
+def _summary_lines(report) -> list[str]:
+    out = [f"  {'group':<8} {'rows':>5} {'median':>8} {'p90':>8} {'max':>8} {'mean':>8} {'bias':>8}"]
+    for name in ("fit", "holdout", None):
+        s = report.summary(name)
+        out.append(f"  {name or 'all':<8} {s.count:>5} {_fmt(s.median_pct)} {_fmt(s.p90_pct)} "
+                   f"{_fmt(s.max_pct)} {_fmt(s.mean_pct)} {_fmt(s.bias_pct)}")
+    mem = report.memory_summary()
+    if mem.count:
+        out.append(f"  {'memory':<8} {mem.count:>5} {_fmt(mem.median_pct)} {_fmt(mem.p90_pct)} "
+                   f"{_fmt(mem.max_pct)} {_fmt(mem.mean_pct)} {_fmt(mem.bias_pct)}  (peak GiB per GPU)")
+    out.append("  (bias: mean signed error; > 0 means the simulator predicts slower steps than measured)")
+    return out
+
+
+def _skipped_lines(report, verbose: bool) -> list[str]:
+    from simulator.rowcells import SKIP_KINDS
+    if not report.skipped:
+        return ["Skipped: none"]
+    out = [f"Skipped ({len(report.skipped)} rows{'' if verbose else '; --verbose gives each reason'}):"]
+    if verbose:
+        return out + [f"  {s.row_id:<11} {s.kind:<15} {s.reason}" for s in report.skipped]
+    by_kind: dict[str, list[str]] = defaultdict(list)
+    for s in report.skipped:
+        by_kind[s.kind].append(s.row_id)
+    for kind, ids in by_kind.items():
+        listed = ", ".join(ids[:8]) + (f", ... ({len(ids) - 8} more)" if len(ids) > 8 else "")
+        out.append(f"  {len(ids):>3}  {SKIP_KINDS.get(kind, kind)}: {listed}")
+    return out

@@ -1,0 +1,408 @@
+"""Reading the cells of a published-measurement row: numbers, model dims, GPU, plan, batch, precision.
+
+Each reader returns what the scenario needs or raises `Skip` with the reason the row cannot be
+simulated. Every value that is inferred rather than read (a default, a padded vocabulary, a node
+layout) is appended to `notes`, which `partita validate` prints as the row's assumptions.
+"""
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+from planner.modelspec import preset_dims, preset_names
+
+if TYPE_CHECKING:
+    from simulator.rowmap import Rules
+
+SKIP_KINDS = {
+    "excluded": "excluded in rowmap.yaml",
+    "not-gpu": "not a GPU run (TPU)",
+    "not-transformer": "not a transformer (CNN)",
+    "ratio": "a ratio, average or other metric without an absolute time",
+    "bound": "a bound, not a measurement",
+    "incomplete": "configuration not fully stated",
+    "hardware": "GPU not in the catalog",
+    "inconsistent": "configuration does not add up",
+}
+_MISSING = ("", "nan", "none stated", "not stated", "not found", "n/a", "-")
+_CNN = re.compile(r"inception|resnet|vgg|amoebanet|efficientnet|mobilenet|alexnet", re.I)
+OMNIPATH_LINK_GBPS = 100        # Intel Omni-Path 100 series: 100 Gb/s per port
+GPT2_BPE_VOCAB = 50257          # GPT-2 tokenizer (Radford et al. 2019)
+MEGATRON_VOCAB_DIVISOR = 128    # Megatron pads the vocab to a multiple of 128 x tp (--make-vocab-size-divisible-by)
+
+
+class Skip(Exception):
+    """The row is not a fully specified GPU training run; `kind` is a key of SKIP_KINDS."""
+
+    def __init__(self, kind: str, reason: str):
+        super().__init__(reason)
+        self.kind = kind
+
+
+def missing(text: str) -> bool:
+    return text.strip().lower() in _MISSING or text.strip().lower().startswith("not stated")
+
+
+def leading_int(text: str) -> tuple[int | None, str]:
+    """'24.0' -> 24; '8 (assumed = model table)' -> (8, '(assumed = model table)'); '400/MP' -> None."""
+    m = re.fullmatch(r"\s*(\d[\d,]*)(?:\.0+)?\s*(\(.*\))?\s*", text)
+    if not m:
+        return None, text
+    return int(m.group(1).replace(",", "")), m.group(2) or ""
+
+
+def required_int(row: dict[str, str], col: str) -> int:
+    value, _ = leading_int(row[col])
+    if value is None or value < 1:
+        what = "not stated" if missing(row[col]) else f"{row[col]!r} is not one whole number"
+        raise Skip("incomplete", f"{col} {what}")
+    return value
+
+
+def optional_number(row: dict[str, str], col: str) -> float | None:
+    text = row.get(col, "")
+    if missing(text):
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise Skip("incomplete", f"{col} {text!r} is not a number") from None
+
+
+def check_simulable(row: dict[str, str], rules: "Rules") -> None:
+    """Reject rows that are not a GPU transformer training run before reading their details."""
+    excluded = rules.setting(row, "exclude")
+    if excluded is not None and excluded[0]:
+        raise Skip("excluded", excluded[1])
+    if "tpu" in row["gpu"].lower() or "not gpu" in row["gpu"].lower():
+        raise Skip("not-gpu", f"runs on {row['gpu']!r}")
+    if _CNN.search(row["model"]):
+        raise Skip("not-transformer", f"{row['model']} is a CNN; the simulator models transformers")
+    metric = row["metric"].lower()
+    if "->" in row["value"]:
+        raise Skip("ratio", f"{row['metric']!r} is a before -> after pair, not one run's time")
+    if row["unit"].strip() == "x" or "speedup" in metric or "speed-up" in metric:
+        raise Skip("ratio", f"{row['metric']!r} is a speed-up ratio, not a time of this run")
+    if "efficiency" in metric and "baseline" not in metric:
+        raise Skip("ratio", f"{row['metric']!r} has no absolute baseline to convert from")
+    if "average over" in metric or "averaged over" in metric:
+        raise Skip("ratio", f"{row['metric']!r} averages several models")
+
+
+def metric_value(row: dict[str, str], notes: list[str]) -> float:
+    text = row["value"].strip()
+    if text.startswith((">", "<", "up to")):
+        raise Skip("bound", f"value {text!r} is a bound")
+    approx = text.startswith("~")
+    try:
+        value = float(text.lstrip("~").replace(",", ""))
+    except ValueError:
+        raise Skip("incomplete", f"value {text!r} is not a number") from None
+    if approx:
+        notes.append(f"value {text}: approximate as published, taken as {value:g}")
+    return value
+
+
+def degrees(row: dict[str, str], notes: list[str]) -> tuple[int, int, int, int]:
+    """(tp, pp, dp, cp); cp from 'CP=n' in other_parallelism, else 1."""
+    out = []
+    for col in ("tp", "pp", "dp"):
+        value, rest = leading_int(row[col])
+        if value is None:
+            raise Skip("incomplete", f"parallel degrees not stated ({col} = {row[col] or 'empty'!r})")
+        if "assum" in rest or "if " in rest:
+            notes.append(f"{col} {value}: not stated by the source, the CSV says {row[col]!r}")
+        out.append(value)
+    cp = re.search(r"\bCP\s*=\s*(\d+)", row["other_parallelism"])
+    return out[0], out[1], out[2], int(cp.group(1)) if cp else 1
+
+
+def model_section(row: dict[str, str], tp: int, notes: list[str]) -> dict[str, Any]:
+    """The scenario's `model:` section: transformer dims, or a preset the row names without dims."""
+    seq_len = required_int(row, "seq_len")
+    name = row["model"]
+    if all(missing(row[c]) for c in ("layers", "hidden", "heads")):
+        preset = _preset_for(name)
+        if preset is None:
+            raise Skip("incomplete", f"model dims (layers, hidden, heads) not stated for {name!r}")
+        notes.append(f"model dims of preset {preset} (the row names {name!r} without dims)")
+        return {"preset": preset, "seq_len": seq_len}
+    arch = _arch(name, notes)
+    heads, kv_heads = _heads(row)
+    model = {"arch": arch, "layers": required_int(row, "layers"), "hidden": required_int(row, "hidden"),
+             "heads": heads, "seq_len": seq_len, "vocab": _vocab(row, tp, notes)}
+    if kv_heads:
+        model["kv_heads"] = kv_heads
+    ffn = re.search(r"\bFFN\s+(\d+)", row["notes"] + " " + row["other_parallelism"], re.I)
+    if ffn:
+        model["ffn_hidden"] = int(ffn.group(1))
+    elif arch == "llama":
+        raise Skip("incomplete", f"{name!r} has a gated MLP whose width (FFN) the row does not state")
+    return model
+
+
+def _preset_for(name: str) -> str | None:
+    key = re.sub(r"[^a-z0-9]", "", name.lower())
+    for preset in preset_names():
+        if re.sub(r"[^a-z0-9]", "", preset) == key:
+            return preset
+    return None
+
+
+def _arch(name: str, notes: list[str]) -> str:
+    low = name.lower()
+    for key, arch in (("llama", "llama"), ("bert", "bert"), ("t5", "t5")):
+        if key in low:
+            return arch
+    if "gpt" not in low:
+        notes.append(f"arch gpt for {name!r}: a GPT-like decoder (4h GELU MLP; position encoding "
+                     "does not change the matmuls)")
+    return "gpt"
+
+
+def _heads(row: dict[str, str]) -> tuple[int, int]:
+    """'128 (8 KV heads, GQA)' -> (128, 8); '96' -> (96, 0)."""
+    heads, rest = leading_int(row["heads"])
+    if heads is None:
+        raise Skip("incomplete", f"heads {row['heads'] or 'not stated'!r}")
+    kv = re.search(r"(\d+)\s*KV heads", rest, re.I)
+    return heads, int(kv.group(1)) if kv else 0
+
+
+def _vocab(row: dict[str, str], tp: int, notes: list[str]) -> int:
+    """'250k (250680)' -> 250680; '50257 (embedding padded to 50432)' -> 50432; 'GPT-2 BPE' -> padded."""
+    text = row["vocab"]
+    padded = re.search(r"padded to (\d+)", text)
+    exact = re.search(r"\((\d{4,})\)", text)
+    first = re.match(r"\s*(\d{4,})", text)
+    for m in (padded, exact, first):
+        if m:
+            return int(m.group(1))
+    if "gpt-2 bpe" in text.lower():
+        divisor = MEGATRON_VOCAB_DIVISOR * tp
+        vocab = -(-GPT2_BPE_VOCAB // divisor) * divisor
+        notes.append(f"vocab {vocab}: GPT-2 BPE ({GPT2_BPE_VOCAB}) padded to a multiple of 128 x tp "
+                     "as Megatron does")
+        return vocab
+    raise Skip("incomplete", f"vocab {text or 'not stated'!r}")
+
+
+def system(row: dict[str, str], rules: "Rules", notes: list[str]) -> tuple[str, dict[str, Any]]:
+    """The catalog system for the row's GPU (its node layout comes from the catalog), and the
+    cluster what-if `inter_node_gbps` where the row states a different network."""
+    name = _system_name(row, rules, notes)
+    extra: dict[str, Any] = {}
+    gbps = _inter_node_gbps(row["inter_node"], notes)
+    if gbps is None:
+        gbps = rules.value(row, "inter_node_gbps", notes)
+    if gbps is not None:
+        extra["inter_node_gbps"] = gbps
+    return name, extra
+
+
+def _system_name(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
+    gpu = row["gpu"]
+    low = gpu.lower()
+    instance = re.search(r"\b(?:ml\.)?([pg]\d\w*\.\d*xlarge)\b", low)
+    if instance:
+        return instance.group(1)
+    if "h200" in low:
+        return "hgx-h200"
+    if "h100" in low:
+        return "dgx-h100"
+    if "a100" in low or "v100" in low:
+        memory = _gpu_memory_gb(row, rules, notes)
+        if "a100" in low:
+            return "dgx-a100-40gb" if memory <= 40 else "dgx-a100-80gb"
+        if memory >= 32 or "dgx-2" in low or "sxm3" in low:
+            return "dgx2-v100"
+        return "dgx1-v100"
+    raise Skip("hardware", f"GPU {gpu!r} has no system in the catalog")
+
+
+def _gpu_memory_gb(row: dict[str, str], rules: "Rules", notes: list[str]) -> float:
+    text = row["gpu_mem_GB"]
+    if not missing(text):
+        try:
+            return float(text)
+        except ValueError:
+            raise Skip("incomplete", f"gpu_mem_GB {text!r} is not a number") from None
+    memory = rules.value(row, "gpu_memory_gb", notes)
+    if memory is None:
+        raise Skip("incomplete", f"memory of the {row['gpu']} GPUs not stated")
+    return float(memory)
+
+
+def _inter_node_gbps(text: str, notes: list[str]) -> float | None:
+    """A per-node network the row states: '1600 Gbps node-node ...', '4 OPA links per node'."""
+    m = re.search(r"(\d+)\s*Gbps node-node", text)
+    if m:
+        notes.append(f"inter_node_gbps {m.group(1)}: the row's network ({text})")
+        return float(m.group(1))
+    m = re.search(r"(\d+)\s*OPA links", text)
+    if m:
+        gbps = int(m.group(1)) * OMNIPATH_LINK_GBPS
+        notes.append(f"inter_node_gbps {gbps}: {m.group(1)} Omni-Path links x {OMNIPATH_LINK_GBPS} Gb/s")
+        return float(gbps)
+    return None
+
+
+def global_batch(row: dict[str, str], dp: int, seq_len: int, notes: list[str]) -> int:
+    """Sequences per step: '1536'; '32 seq per DP group; 16M tokens' -> 32 x dp; '491,520 tokens' / s."""
+    text = row["global_batch"]
+    value, _ = leading_int(text)
+    if value is not None:
+        return value
+    per_dp = re.match(r"\s*(\d+)\s*seq per DP group", text)
+    if per_dp:
+        notes.append(f"global_batch {int(per_dp.group(1)) * dp}: {per_dp.group(1)} sequences x dp {dp}")
+        return int(per_dp.group(1)) * dp
+    tokens = re.match(r"\s*([\d,.]+)\s*([kM]?)\s*tokens", text)
+    if tokens:
+        count = float(tokens.group(1).replace(",", "")) * {"": 1, "k": 1e3, "M": 1e6}[tokens.group(2)]
+        if count % seq_len:
+            raise Skip("inconsistent", f"global batch {text!r} is not a whole number of "
+                       f"{seq_len}-token sequences")
+        notes.append(f"global_batch {int(count) // seq_len}: {text} / seq_len {seq_len}")
+        return int(count) // seq_len
+    raise Skip("incomplete", f"global batch {text or 'not stated'!r}")
+
+
+def micro_batch(row: dict[str, str], rules: "Rules", notes: list[str]) -> int:
+    value, _ = leading_int(row["micro_batch"])
+    if value is not None:
+        return value
+    value = rules.value(row, "micro_batch", notes)
+    if value is None:
+        notes.append("micro_batch 1: not stated")
+        return 1
+    return int(value)
+
+
+def precision(row: dict[str, str], rules: "Rules", system_name: str, notes: list[str]) -> str:
+    text = row["precision"].lower()
+    if "fp8" in text:
+        return "fp8"
+    if "bf16" in text and "fp16 or bf16" not in text:
+        if "not stated" in text or "likely" in text:
+            notes.append(f"precision bf16: the row says {row['precision']!r}")
+        return "bf16"
+    if "fp16" in text and "bf16" not in text:
+        return "fp16"
+    chosen = rules.value(row, "precision", notes)
+    if chosen is None:
+        chosen = "fp16" if "v100" in system_name else "bf16"
+        notes.append(f"precision {chosen}: the row says {row['precision'] or 'nothing'!r}"
+                     + ("" if chosen == "fp16" else " (A100/H100 run fp16 and bf16 at one peak)"))
+    return chosen
+
+
+def recompute(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
+    text = row["recompute"].lower().strip()
+    found = None
+    if text.startswith(("no", "none")) and not text.startswith("not"):
+        found = "none"
+    elif "selective" in text:
+        found = "selective"
+    elif text.startswith(("yes", "full")) or "checkpointing" in text or "materialization" in text:
+        found = "full"
+    if found is not None:
+        if " at " in text:      # a qualified statement, e.g. Llama 3's 'none at 8K'
+            notes.append(f"recompute {found}: the row says {row['recompute']!r}")
+        return found
+    chosen = rules.value(row, "recompute", notes)
+    if chosen is None:
+        notes.append("recompute none: not stated")
+        return "none"
+    return chosen
+
+
+def parallel_section(row: dict[str, str], rules: "Rules", plan: tuple[int, int, int, int],
+                     model: dict[str, Any], microbatches: int, notes: list[str]) -> dict[str, Any]:
+    """The scenario's `parallel:` section from the degrees and the other_parallelism text."""
+    tp, pp, dp, cp = plan
+    out: dict[str, Any] = {"tensor": tp, "pipeline": pp, "data": dp, "context": cp,
+                           "zero": zero_stage(row, rules, notes)}
+    schedule, virtual = _schedule(row, rules, pp, microbatches, notes)
+    out["schedule"] = schedule
+    if virtual > 1:
+        out["virtual_stages"] = virtual
+    if tp > 1 and rules.value(row, "sequence_parallel", notes):
+        out["sequence_parallel"] = True
+    for key in ("overlap_grad_reduce", "overlap_param_gather"):
+        value = rules.value(row, key, notes)
+        if value is not None:
+            out[key] = bool(value)
+    stages = _uneven_stages(_layers(model), pp * virtual, notes) if pp > 1 else None
+    if stages is not None:
+        out["stages"] = stages
+    return out
+
+
+def zero_stage(row: dict[str, str], rules: "Rules", notes: list[str]) -> int:
+    """ZeRO stage from 'ZeRO-1', 'FSDP FULL_SHARD' (3), 'SHARD_GRAD_OP' (2), 'ZeRO stage 2', ..."""
+    text = row["other_parallelism"].lower()
+    if "shard_grad_op" in text:
+        return 2
+    if "no reshard after fwd" in text:
+        notes.append("zero 2: FSDP without resharding after forward keeps parameters gathered "
+                     "through backward and shards gradients and optimizer state (ZeRO-2)")
+        return 2
+    if "full_shard" in text:
+        return 3
+    m = re.search(r"stage\s*(\d)", text) or re.search(r"zero-(\d)\b", text)
+    if m and "zero" in text:
+        return int(m.group(1))
+    if "optimizer-state sharding" in text or "optimizer state sharding" in text:
+        return 1
+    if "fsdp" in text:
+        notes.append("zero 3: FSDP's default sharding is FULL_SHARD")
+        return 3
+    value = rules.value(row, "zero", notes)
+    return int(value) if value is not None else 0
+
+
+def _schedule(row: dict[str, str], rules: "Rules", pp: int, microbatches: int,
+              notes: list[str]) -> tuple[str, int]:
+    text = row["other_parallelism"].lower()
+    if re.search(r"interleaved (?:pp |pipeline )?schedule", text):
+        schedule = "interleaved-1f1b"
+    elif "gpipe" in text:
+        schedule = "gpipe"
+    else:
+        schedule = rules.value(row, "schedule", notes) or "1f1b"
+    if schedule != "interleaved-1f1b" or pp == 1:
+        return ("1f1b" if pp == 1 else schedule), 1
+    virtual = int(rules.value(row, "virtual_stages", notes) or 2)
+    if microbatches % pp:
+        raise Skip("inconsistent", f"interleaved schedule needs micro-batches per replica "
+                   f"({microbatches}) to be a multiple of pp ({pp})")
+    return schedule, virtual
+
+
+def _layers(model: dict[str, Any]) -> int:
+    if "preset" in model:
+        return preset_dims(model["preset"]).total_layers
+    return model["layers"]
+
+
+def _uneven_stages(layers: int, chunks: int, notes: list[str]) -> list[list[int]] | None:
+    """None when layers split evenly; else the first and last chunk hold one layer fewer.
+
+    That is the split DeepSpeed's partitioner makes when the embedding and the head count as one
+    layer each (BLOOM's 70 layers on 12 stages: 5 + 10 x 6 + 5), and Llama 3's (Sec. 3.3.2:
+    "we reduce one Transformer layer each from the first and the last stages").
+    """
+    if layers % chunks == 0:
+        return None
+    if (layers + 2) % chunks or (layers + 2) // chunks < 2:
+        raise Skip("inconsistent", f"{layers} layers do not split over {chunks} pipeline chunks")
+    size = (layers + 2) // chunks
+    bounds, start = [], 0
+    for i in range(chunks):
+        stop = start + size - (1 if i in (0, chunks - 1) else 0)
+        bounds.append([start, stop])
+        start = stop
+    notes.append(f"stages: {layers} layers over {chunks} chunks, first and last hold {size - 1}, "
+                 f"the others {size} (embedding and head count as a layer each)")
+    return bounds

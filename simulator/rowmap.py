@@ -1,0 +1,240 @@
+"""Published training measurements (CSV rows) as scenarios, with every assumption written down.
+
+`read_rows(path)` reads a CSV in the columns of data/validation/published_dev.csv (a user's own
+measurements in the same columns work the same way). `map_row(row, rules)` turns one row into a
+scenario document plus the measured seconds per step, or says why the row cannot be simulated
+(a TPU, a CNN, a speed-up ratio, degrees not stated, ...). Cell parsing lives in
+`simulator.rowcells`; what a row leaves unsaid comes from data/validation/rowmap.yaml (`Rules`).
+"""
+from __future__ import annotations
+
+import csv
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.documents import Checker, load_document
+from planner.errors import PartitaError, closest
+from planner.paths import VALIDATION_DIR
+from planner.scenario import PRECISIONS, RECOMPUTE, SCHEDULES, Scenario, parse_scenario
+from simulator import rowcells as cells
+from simulator.measured import CONVENTIONS, Unconvertible, step_time_from_metric
+from simulator.rowcells import Skip
+
+DEFAULT_CSV = VALIDATION_DIR / "published_dev.csv"
+DEFAULT_RULES = VALIDATION_DIR / "rowmap.yaml"
+COLUMNS = ("id", "source_key", "source", "locator", "model", "params_B", "layers", "hidden", "heads",
+           "seq_len", "vocab", "precision", "gpu", "gpu_mem_GB", "num_gpus", "num_nodes",
+           "gpus_per_node", "intra_node", "inter_node", "tp", "pp", "dp", "other_parallelism",
+           "recompute", "global_batch", "micro_batch", "metric", "value", "unit", "quality", "notes",
+           "peak_memory_GiB")      # the last is optional: a measured peak memory per GPU, GiB
+REQUIRED = ("id", "metric", "value", "unit")
+
+
+@dataclass(frozen=True)
+class MappedRow:
+    """A row that is a fully specified GPU training run, ready to simulate."""
+    row_id: str
+    source_key: str
+    model: str
+    gpus: int
+    document: dict[str, Any]          # the scenario document (parse_scenario input)
+    scenario: Scenario
+    measured_step_s: float
+    conversion: str                   # how the row's metric became seconds per step
+    measured_peak_memory_gib: float | None
+    assumptions: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class SkippedRow:
+    row_id: str
+    model: str
+    kind: str       # a short category, see rowcells.SKIP_KINDS
+    reason: str
+
+
+@dataclass(frozen=True)
+class Rules:
+    """data/validation/rowmap.yaml: per-source and per-row settings, each a (value, why) pair."""
+    sources: dict[str, dict[str, tuple[Any, str]]] = field(default_factory=dict)
+    rows: dict[str, dict[str, tuple[Any, str]]] = field(default_factory=dict)
+    peaks_tflops: dict[str, float] = field(default_factory=dict)
+
+    def setting(self, row: dict[str, str], key: str) -> tuple[Any, str] | None:
+        """The row's own setting for `key`, else its source's, else None."""
+        for table, name in ((self.rows, row["id"]), (self.sources, row["source_key"])):
+            if key in table.get(name, {}):
+                return table[name][key]
+        return None
+
+    def value(self, row: dict[str, str], key: str, notes: list[str]) -> Any:
+        """Like `setting`, recording `key value: why` among the row's assumptions."""
+        found = self.setting(row, key)
+        if found is None:
+            return None
+        value, why = found
+        notes.append(f"{key} {str(value).lower() if isinstance(value, bool) else value}: {why}")
+        return value
+
+    def mfu_peak_tflops(self, gpu: str) -> float | None:
+        """The peak a source divided by for MFU, by GPU family named in the row's gpu cell."""
+        for family, peak in self.peaks_tflops.items():
+            if family.lower() in gpu.lower():
+                return peak
+        return None
+
+
+_SETTING_CHECKS = {
+    "flops": ("choice", CONVENTIONS), "micro_batch": ("int", None),
+    "recompute": ("choice", RECOMPUTE), "precision": ("choice", PRECISIONS),
+    "gpu_memory_gb": ("number", None), "zero": ("choice", ("0", "1", "2", "3")),
+    "schedule": ("choice", SCHEDULES), "virtual_stages": ("int", None),
+    "sequence_parallel": ("bool", None), "overlap_grad_reduce": ("bool", None),
+    "overlap_param_gather": ("bool", None), "inter_node_gbps": ("number", None),
+    "exclude": ("bool", None),
+}
+
+
+def load_rules(path: str | Path | None = None) -> Rules:
+    """Read and check rowmap.yaml (every setting is `{value: ..., why: "..."}`)."""
+    path = Path(path) if path is not None else DEFAULT_RULES
+    top = Checker(load_document(path), "", str(path))
+    top.only(("mfu_peak_tflops", "sources", "rows"))
+    peaks: dict[str, float] = {}
+    psec = top.sub("mfu_peak_tflops", required=False)
+    if psec is not None:
+        peaks = {k: psec.number(k) for k in psec.mapping if k != "source"}
+    tables = []
+    for section in ("sources", "rows"):
+        sec = top.sub(section, required=False)
+        names = list(sec.mapping) if sec is not None else []
+        tables.append({str(n): _settings(sec.sub(n)) for n in names})
+    return Rules(sources=tables[0], rows=tables[1], peaks_tflops=peaks)
+
+
+def _settings(c: Checker) -> dict[str, tuple[Any, str]]:
+    c.only(_SETTING_CHECKS)
+    out = {}
+    for key in c.mapping:
+        entry = c.sub(key)
+        entry.only(("value", "why"))
+        why = entry.str("why", required=True)
+        kind, choices = _SETTING_CHECKS[key]
+        if kind == "choice":
+            value = entry.choice("value", choices)
+            value = int(value) if key == "zero" else value
+        elif kind == "int":
+            value = entry.int("value", required=True)
+        elif kind == "number":
+            value = entry.number("value", required=True)
+        else:
+            value = entry.bool("value", False) if entry.has("value") else None
+        if value is None:
+            raise entry.error("missing required key", "value")
+        out[key] = (value, why)
+    return out
+
+
+def read_rows(path: str | Path | None = None) -> list[dict[str, str]]:
+    """The CSV's rows as dicts of stripped strings; unknown or missing key columns are errors."""
+    path = Path(path) if path is not None else DEFAULT_CSV
+    if not path.exists():
+        raise PartitaError(f"{path}: no such file")
+    if path.is_dir():
+        raise PartitaError(f"{path}: is a directory, expected a CSV file")
+    with open(path, newline="", encoding="utf-8") as fh:
+        reader = csv.DictReader(fh)
+        header = reader.fieldnames or []
+        _check_header(path, header)
+        rows = [{k: (v or "").strip() for k, v in raw.items() if k is not None} for raw in reader]
+    seen: set[str] = set()
+    for n, row in enumerate(rows, start=2):
+        if not row["id"]:
+            raise PartitaError(f"{path}: line {n}: empty id")
+        if row["id"] in seen:
+            raise PartitaError(f"{path}: line {n}: duplicate id {row['id']!r}")
+        seen.add(row["id"])
+    return rows
+
+
+def _check_header(path: Path, header: list[str]) -> None:
+    if not header:
+        raise PartitaError(f"{path}: empty file, expected a header line with columns "
+                           f"{', '.join(REQUIRED)}, ...")
+    for name in header:
+        if name not in COLUMNS:
+            near = closest(name, COLUMNS, n=1)
+            hint = f"; did you mean {near[0]!r}?" if near else ""
+            raise PartitaError(f"{path}: unknown column {name!r}{hint} (valid: {', '.join(COLUMNS)})")
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise PartitaError(f"{path}: missing column(s) {', '.join(missing)} "
+                           f"(every row needs {', '.join(REQUIRED)})")
+
+
+def map_row(row: dict[str, str], rules: Rules, origin: str = "") -> MappedRow | SkippedRow:
+    """The row as a scenario and a measured step time, or the reason it cannot be one."""
+    row = {c: row.get(c, "") for c in COLUMNS}
+    notes: list[str] = []
+    try:
+        cells.check_simulable(row, rules)
+        doc = build_document(row, rules, notes)
+        scenario = _parse(doc, row, origin)
+        measured = _measured(row, scenario, rules, notes)
+        peak_memory = cells.optional_number(row, "peak_memory_GiB")
+    except Skip as skip:
+        return SkippedRow(row["id"], row["model"], skip.kind, str(skip))
+    return MappedRow(row_id=row["id"], source_key=row["source_key"], model=row["model"],
+                     gpus=scenario.parallel.gpus, document=doc, scenario=scenario,
+                     measured_step_s=measured.step_time_s, conversion=measured.formula,
+                     measured_peak_memory_gib=peak_memory, assumptions=tuple(notes))
+
+
+def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[str, Any]:
+    """The scenario document for a row (sections model, cluster, training, parallel)."""
+    tp, pp, dp, cp = cells.degrees(row, notes)
+    model = cells.model_section(row, tp, notes)
+    seq_len = model["seq_len"]
+    gpus = cells.required_int(row, "num_gpus")
+    if tp * pp * dp * cp != gpus:
+        raise Skip("inconsistent", f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp}, "
+                   f"but num_gpus is {gpus}")
+    system, extra_cluster = cells.system(row, rules, notes)
+    cluster = {"system": system, "gpus": gpus, **extra_cluster}
+    global_batch = cells.global_batch(row, dp, seq_len, notes)
+    micro = cells.micro_batch(row, rules, notes)
+    if global_batch % (micro * dp):
+        raise Skip("inconsistent", f"global batch {global_batch} does not split into micro-batches of "
+                   f"{micro} over dp={dp}")
+    training = {"global_batch": global_batch, "micro_batch": micro,
+                "precision": cells.precision(row, rules, system, notes),
+                "recompute": cells.recompute(row, rules, notes)}
+    parallel = cells.parallel_section(row, rules, (tp, pp, dp, cp), model, global_batch // (micro * dp),
+                                      notes)
+    name = f"{row['id']} {row['model']}".strip()
+    return {"name": name, "model": model, "cluster": cluster, "training": training, "parallel": parallel}
+
+
+def _parse(doc: dict[str, Any], row: dict[str, str], origin: str) -> Scenario:
+    try:
+        return parse_scenario(doc, origin=f"{origin}:{row['id']}" if origin else row["id"])
+    except PartitaError as exc:
+        raise Skip("inconsistent", f"not a valid scenario: {exc}") from None
+
+
+def _measured(row: dict[str, str], s: Scenario, rules: Rules, notes: list[str]):
+    value = cells.metric_value(row, notes)
+    flop_notes: list[str] = []
+    convention = rules.value(row, "flops", flop_notes)
+    if convention is None:
+        convention = "model"
+        flop_notes.append("flops model: the source's FLOP convention is not known; model FLOPs assumed")
+    try:
+        measured = step_time_from_metric(s, row["metric"], value, row["unit"], convention=convention,
+                                         peak_tflops=rules.mfu_peak_tflops(row["gpu"]))
+    except Unconvertible as exc:
+        raise Skip("ratio", str(exc)) from None
+    if measured.convention:
+        notes.extend(flop_notes)
+    return measured

@@ -1,0 +1,397 @@
+"""Published measurements -> scenarios, metric conversions, the fit/hold-out report and `partita validate`.
+
+The harness is exercised with a stand-in simulator (a roofline at 100 TFLOP/s per GPU) so these
+tests check the mapping, the conversions and the statistics, not the simulator's accuracy; that is
+tests/test_golden.py's job with the real `simulator.step.simulate`.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+
+from partita.cli import main
+from planner.errors import PartitaError
+from planner.modelspec import TransformerDims, preset_dims
+from planner.scenario import parse_scenario
+from simulator import validation
+from simulator.measured import hardware_flops, model_flops
+from simulator.result import GIB, SimResult
+from simulator.rowcells import leading_int
+from simulator.rowmap import COLUMNS, MappedRow, SkippedRow, load_rules, map_row, read_rows
+from simulator.validation import load_split, run_validation, summarize
+
+STANDIN_FLOPS = 100e12          # the stand-in simulator's FLOP/s per GPU
+
+
+def standin_simulate(scenario, catalog):
+    """Roofline stand-in: hardware FLOPs of the step at 100 TFLOP/s per GPU; refuses dgx1-v100."""
+    if scenario.cluster.system == "dgx1-v100":
+        raise PartitaError("stand-in: no model for dgx1-v100")
+    flops = hardware_flops(scenario.model.resolve(), scenario.training.global_batch,
+                           scenario.training.recompute)
+    return SimResult(step_time_s=flops / (scenario.parallel.gpus * STANDIN_FLOPS), tokens_per_s=0.0,
+                     samples_per_s=0.0, tflops_per_gpu=0.0, mfu=0.0, peak_memory_bytes=40 * GIB,
+                     memory_capacity_bytes=80 * GIB, bubble_fraction=0.0, breakdown_s={},
+                     memory_breakdown_bytes={})
+
+
+@pytest.fixture(scope="module")
+def mapped() -> dict[str, MappedRow | SkippedRow]:
+    rules = load_rules()
+    return {row["id"]: map_row(row, rules) for row in read_rows()}
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    monkeypatch.setattr(validation, "_default_simulate", lambda: standin_simulate)
+    monkeypatch.setattr("partita.commands.catalog_from_args", lambda args: object())
+
+
+# --- the shipped data -------------------------------------------------------------------------
+
+def test_shipped_csv_has_the_published_rows_and_columns():
+    rows = read_rows()
+    assert len(rows) == 135
+    assert set(rows[0]) == set(COLUMNS) - {"peak_memory_GiB"}    # the optional column is absent
+    assert all(r["source"] and r["locator"] for r in rows)     # provenance kept
+
+
+def test_most_gpu_transformer_rows_map(mapped):
+    usable = [m for m in mapped.values() if isinstance(m, MappedRow)]
+    assert len(usable) >= 89
+    assert {m.source_key for m in usable} >= {"NAR21", "MLMRD", "SHO19", "MLM24", "BLMSW", "LLAMA3",
+                                              "MTNLG", "NEMOCP", "MPT", "NANOGPT"}
+    for m in usable:                                   # each is a valid scenario with a positive time
+        again = parse_scenario(m.document)
+        assert again.parallel.gpus == m.gpus and m.measured_step_s > 0
+
+
+@pytest.mark.parametrize("row_id, kind", [
+    ("GPIPE-07", "not-gpu"), ("HVD-01", "not-transformer"), ("GPIPE-01", "not-transformer"),
+    ("NAR21-23", "incomplete"), ("LLAMA1-01", "incomplete"), ("GLM-01", "incomplete"),
+    ("NAR21-24", "ratio"), ("PD2BW-01", "ratio"), ("ZERO-01", "ratio"), ("BYTEPS-01", "ratio"),
+    ("GPIPE-04", "ratio"), ("NEOX-01", "inconsistent"), ("OPT-01", "inconsistent"),
+])
+def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
+    skipped = mapped[row_id]
+    assert isinstance(skipped, SkippedRow) and skipped.kind == kind and skipped.reason
+
+
+@pytest.mark.parametrize("row_id, section, key, expected", [
+    ("NAR21-17", "parallel", "pipeline", 12),
+    ("NAR21-11", "parallel", "zero", 3),
+    ("NAR21-11", "parallel", "overlap_grad_reduce", True),
+    ("NAR21-01", "parallel", "overlap_grad_reduce", False),
+    ("NAR21-01", "training", "recompute", "full"),
+    ("NAR21-01", "training", "micro_batch", 1),
+    ("NAR21-01", "training", "precision", "bf16"),
+    ("MLMRD-01", "model", "vocab", 51200),                   # GPT-2 BPE padded to 128 x tp 8
+    ("MLMRD-01", "cluster", "system", "dgx-a100-80gb"),
+    ("SHO19-07", "cluster", "system", "dgx2-v100"),
+    ("SHO19-07", "training", "precision", "fp16"),
+    ("MLM24-05", "parallel", "sequence_parallel", True),
+    ("MLM24-05", "parallel", "zero", 1),
+    ("BLMSW-02", "model", "vocab", 250680),
+    ("BLMSW-02", "cluster", "inter_node_gbps", 400.0),       # 4 Omni-Path links x 100 Gb/s
+    ("LLAMA3-03", "parallel", "context", 16),
+    ("LLAMA3-03", "parallel", "zero", 2),
+    ("LLAMA3-03", "parallel", "schedule", "interleaved-1f1b"),
+    ("LLAMA3-03", "model", "kv_heads", 8),
+    ("LLAMA3-03", "model", "ffn_hidden", 53248),
+    ("LLAMA3-03", "training", "global_batch", 128),          # 16 sequences per DP group x dp 8
+    ("LLAMA3-01", "training", "recompute", "none"),
+    ("NEMOCP-05", "model", "preset", "llama2-7b"),
+    ("NEMOCP-05", "model", "seq_len", 65536),
+    ("NEMOCP-05", "training", "precision", "fp8"),
+    ("MPT-01", "parallel", "zero", 3),                       # FSDP FULL_SHARD
+    ("MPT-13", "parallel", "zero", 2),                       # FSDP SHARD_GRAD_OP
+    ("MPT-25", "cluster", "inter_node_gbps", 1600.0),
+    ("MPT-27", "cluster", "system", "dgx-a100-40gb"),
+    ("NANOGPT-01", "training", "global_batch", 480),         # 491,520 tokens / 1024
+])
+def test_row_mapping(mapped, row_id, section, key, expected):
+    assert mapped[row_id].document[section][key] == expected
+
+
+def test_every_assumption_is_recorded(mapped):
+    nar = mapped["NAR21-01"].assumptions
+    assert any(a.startswith("micro_batch 1:") for a in nar)
+    assert any(a.startswith("flops hardware:") for a in nar)
+    assert any("tp 8: not stated" in a for a in mapped["MLM24-10"].assumptions)
+    assert not any(a.startswith("flops") for a in mapped["MPT-01"].assumptions)  # tokens/s needs none
+
+
+def test_uneven_pipelines_drop_a_layer_at_both_ends(mapped):
+    bloom = mapped["BLMSW-16"].document["parallel"]["stages"]         # 70 layers on 12 stages
+    assert bloom[0] == [0, 5] and bloom[-1] == [65, 70]
+    assert all(b - a == 6 for a, b in bloom[1:-1])
+    llama = mapped["LLAMA3-01"].document["parallel"]["stages"]        # 126 layers, 16 x 2 chunks
+    assert len(llama) == 32 and llama[0] == [0, 3] and llama[-1] == [123, 126]
+
+
+# --- FLOP conventions and conversions -----------------------------------------------------------
+
+GPT = TransformerDims(arch="gpt", layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200)
+
+
+def test_model_flops_is_megatrons_72_formula():
+    b, s, l, h, v = 1536, 2048, 96, 12288, 51200
+    closed = 72 * b * s * l * h ** 2 * (1 + s / (6 * h) + v / (12 * l * h))
+    assert model_flops(GPT, b) == pytest.approx(closed, rel=1e-12)
+
+
+def test_hardware_flops_with_full_recompute_is_narayanans_96_formula():
+    b, s, l, h, v = 1536, 2048, 96, 12288, 51200
+    closed = 96 * b * s * l * h ** 2 * (1 + s / (6 * h) + v / (16 * l * h))
+    assert hardware_flops(GPT, b, "full") == pytest.approx(closed, rel=1e-12)
+    assert hardware_flops(GPT, b, "none") == model_flops(GPT, b)
+    assert model_flops(GPT, b) < hardware_flops(GPT, b, "selective") < hardware_flops(GPT, b, "full")
+
+
+def test_llama_model_flops_is_nemos_llama2_formula():
+    d = preset_dims("llama2-70b")
+    b, s, l, h, f, v = 8, d.seq_len, d.layers, d.hidden, d.ffn_hidden, d.vocab
+    g_over_a = d.kv_heads / d.heads
+    closed = b * s * l * h * h * (12 + 12 * g_over_a + 18 * f / h + 12 * s / h + 6 * v / (l * h))
+    assert model_flops(d, b) == pytest.approx(closed, rel=1e-12)
+
+
+def test_sources_own_numbers_agree_with_the_flop_conventions(mapped):
+    # MLMRD-01: "each iteration takes around 32 seconds resulting in 138 teraFLOPs per GPU"
+    mlm = mapped["MLMRD-01"].scenario
+    assert hardware_flops(mlm.model.resolve(), 1536, "full") / (32 * 1024) == pytest.approx(138e12, rel=0.005)
+    # BLMSW-16: 102.03 s/iter, "reported TFLOPs=153.68" (checkpoint_activations_factor 4)
+    bloom = mapped["BLMSW-16"].scenario
+    assert hardware_flops(bloom.model.resolve(), 2048, "full") / (102.03 * 384) == pytest.approx(153.68e12, rel=1e-3)
+    # MPT-01: "model TFLOP/s/GPU 408, 1007 tokens/s/GPU"
+    mpt = mapped["MPT-01"].scenario.model.resolve()
+    assert model_flops(mpt, 1) / mpt.seq_len * 1007 == pytest.approx(408e12, rel=0.005)
+
+
+def _hw(m: MappedRow) -> float:
+    s = m.scenario
+    return hardware_flops(s.model.resolve(), s.training.global_batch, s.training.recompute)
+
+
+def test_metric_conversions_by_hand(mapped):
+    assert mapped["MLMRD-01"].measured_step_s == 32
+    assert mapped["MPT-01"].measured_step_s == pytest.approx(4096 * 2048 / 515636)
+    assert mapped["SHO19-09"].measured_step_s == pytest.approx(0.86 * 86400 / 68507)
+    assert mapped["NANOGPT-01"].measured_step_s == pytest.approx(4 * 86400 / 600000)
+    assert mapped["NAR21-10"].measured_step_s == pytest.approx(_hw(mapped["NAR21-10"]) / (163e12 * 3072))
+    assert mapped["SHO19-04"].measured_step_s == pytest.approx(_hw(mapped["SHO19-04"]) / (0.83 * 39e12 * 128))
+    mlm = mapped["MLM24-10"].scenario
+    assert mapped["MLM24-10"].measured_step_s == pytest.approx(
+        model_flops(mlm.model.resolve(), 1152) / (0.47 * 989e12 * 96))
+
+
+def test_weak_scaling_efficiency_agrees_with_days_per_epoch(mapped):
+    # the same run (2.5B, 128 GPUs) read two ways: 83% of 39 TFLOP/s vs 2.27 days per 68,507 iterations
+    assert mapped["SHO19-04"].measured_step_s == pytest.approx(mapped["SHO19-10"].measured_step_s, rel=0.06)
+
+
+@pytest.mark.parametrize("text, expected", [("24.0", 24), ("1,536", 1536), ("8 (assumed = model table)", 8),
+                                            ("400/MP", None), ("8-100", None), ("not stated", None), ("", None)])
+def test_leading_int(text, expected):
+    assert leading_int(text)[0] == expected
+
+
+# --- split, statistics, harness -----------------------------------------------------------------
+
+def test_split_is_about_a_third_of_usable_rows_spread_over_sources(mapped):
+    split = load_split()
+    usable = {k for k, m in mapped.items() if isinstance(m, MappedRow)}
+    assert split.fit <= usable and split.rule
+    assert len(split.fit) <= 0.34 * len(usable)
+    for source in {m.source_key for m in mapped.values() if isinstance(m, MappedRow)}:
+        ids = [k for k in usable if mapped[k].source_key == source]
+        if len(ids) >= 3:
+            assert 0 < len(split.fit & set(ids)) <= -(-len(ids) // 3), source
+
+
+def test_summary_statistics_by_hand():
+    s = summarize([0.1, -0.2, 0.05, 0.3])          # |%|: 5 10 20 30
+    assert (s.count, s.median_pct, s.max_pct) == (4, pytest.approx(15.0), pytest.approx(30.0))
+    assert s.p90_pct == pytest.approx(27.0)         # linear: 20 + 0.7 x (30 - 20)
+    assert (s.mean_pct, s.bias_pct) == (pytest.approx(16.25), pytest.approx(6.25))
+    assert summarize([]).count == 0 and summarize([]).median_pct is None
+
+
+def test_harness_compares_prediction_with_measurement(standin):
+    report = run_validation(rows=["NAR21-01", "NAR21-02", "HVD-01"])
+    by_id = {r.row.row_id: r for r in report.results}
+    # NAR21 counts hardware FLOPs, as the stand-in does: error = X / 100 TFLOP/s - 1
+    assert by_id["NAR21-01"].error == pytest.approx(137 / 100 - 1)
+    assert (by_id["NAR21-01"].group, by_id["NAR21-02"].group) == ("holdout", "fit")
+    assert [s.row_id for s in report.skipped] == ["HVD-01"]
+    assert report.summary("fit").count == 1 and report.summary("holdout").count == 1
+
+
+def test_a_refused_scenario_is_reported_not_fatal(standin, tmp_path):
+    path = _user_csv(tmp_path, [_user_row("u1", gpu="V100", mem="16"), _user_row("u2")])
+    report = run_validation(path)
+    failed = report.failed()
+    assert [r.row.row_id for r in failed] == ["u1"] and "dgx1-v100" in failed[0].failure
+    assert report.summary().count == 1
+
+
+# --- the command line ---------------------------------------------------------------------------
+
+def test_cli_report(standin, capsys):
+    assert main(["validate", "--rows", "NAR21-01,NAR21-02,HVD-01,GPIPE-07"]) == 0
+    out = capsys.readouterr().out
+    assert "NAR21-01" in out and "+37.0" in out and "holdout" in out and "fit" in out
+    assert "not a CNN" not in out and "not a transformer (CNN): HVD-01" in out
+
+
+def test_cli_verbose_and_json(standin, capsys):
+    assert main(["validate", "--rows", "NAR21-01,HVD-01", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "measured: step = F_hw" in out and "assumed:  micro_batch 1" in out and "HVD-01" in out
+    assert main(["validate", "--rows", "NAR21-01,NAR21-02", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["holdout"]["count"] == 1 and doc["rows"][0]["error_pct"] == pytest.approx(37.0)
+
+
+def _user_row(row_id: str, gpu: str = "H100", mem: str = "80", peak: str = "") -> dict[str, str]:
+    return {"id": row_id, "source_key": "MINE", "model": "GPT 1.3B", "layers": "24", "hidden": "2048",
+            "heads": "16", "seq_len": "2048", "vocab": "50304", "precision": "bf16", "gpu": gpu,
+            "gpu_mem_GB": mem, "num_gpus": "8", "tp": "1", "pp": "1", "dp": "8", "recompute": "no",
+            "global_batch": "64", "micro_batch": "8", "metric": "iteration time", "value": "0.9",
+            "unit": "s/iter", "peak_memory_GiB": peak}
+
+
+def _user_csv(tmp_path: Path, rows: list[dict[str, str]], columns=None) -> Path:
+    path = tmp_path / "mine.csv"
+    columns = columns or list(rows[0])
+    with open(path, "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=columns)
+        writer.writeheader()
+        writer.writerows(rows)
+    return path
+
+
+def test_users_own_measurements_in_the_same_columns(standin, tmp_path, capsys):
+    path = _user_csv(tmp_path, [_user_row("run-1", peak="50.0")])
+    assert main(["validate", str(path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    row = doc["rows"][0]
+    assert row["group"] == "holdout" and row["measured_step_s"] == 0.9
+    assert row["predicted_peak_memory_gib"] == 40.0 and doc["summary"]["memory"]["count"] == 1
+    assert doc["summary"]["memory"]["max_abs_pct"] == pytest.approx(20.0)     # 40 / 50 - 1
+
+
+def _fails(argv, capsys, *needles):
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+    for needle in needles:
+        assert needle in err
+
+
+def test_missing_csv(capsys, tmp_path):
+    _fails(["validate", str(tmp_path / "nope.csv")], capsys, "nope.csv: no such file")
+
+
+def test_unknown_column(capsys, tmp_path):
+    path = _user_csv(tmp_path, [{"id": "a", "metric": "m", "value": "1", "unit": "s/iter", "num_gpu": "8"}])
+    _fails(["validate", str(path)], capsys, "unknown column 'num_gpu'", "did you mean 'num_gpus'")
+
+
+def test_missing_required_column(capsys, tmp_path):
+    path = _user_csv(tmp_path, [{"id": "a", "metric": "m", "value": "1"}])
+    _fails(["validate", str(path)], capsys, "missing column(s) unit")
+
+
+def test_empty_csv(capsys, tmp_path):
+    path = tmp_path / "empty.csv"
+    path.write_text("")
+    _fails(["validate", str(path)], capsys, "empty file")
+
+
+def test_duplicate_row_id(capsys, tmp_path):
+    path = _user_csv(tmp_path, [_user_row("x"), _user_row("x")])
+    _fails(["validate", str(path)], capsys, "duplicate id 'x'")
+
+
+def test_unknown_row_id(capsys):
+    _fails(["validate", "--rows", "NAR21-1"], capsys, "unknown row id 'NAR21-1'", "did you mean")
+
+
+def test_malformed_split_file(capsys, tmp_path):
+    split = tmp_path / "split.yaml"
+    split.write_text("fit: NAR21-01\n")
+    _fails(["validate", "--split", str(split)], capsys, "fit: expected a list of row ids")
+    split.write_text("fits: [NAR21-01]\n")
+    _fails(["validate", "--split", str(split)], capsys, "unknown key", "did you mean 'fit'")
+
+
+def test_bad_cells_skip_the_row_with_the_reason(standin, tmp_path):
+    path = _user_csv(tmp_path, [{**_user_row("bad"), "num_gpus": "eight"}])
+    report = run_validation(path)
+    assert report.skipped[0].kind == "incomplete" and "num_gpus 'eight'" in report.skipped[0].reason
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("sources: {X: {micro_batch: {value: 0, why: w}}}\n", "must be >= 1"),
+    ("sources: {X: {flops: {value: peak, why: w}}}\n", "expected one of model, hardware"),
+    ("sources: {X: {micro_batch: {value: 2}}}\n", "why: missing required key"),
+    ("sources: {X: {microbatch: {value: 2, why: w}}}\n", "did you mean 'micro_batch'"),
+])
+def test_malformed_rowmap_rules(tmp_path, text, needle):
+    path = tmp_path / "rowmap.yaml"
+    path.write_text(text)
+    with pytest.raises(PartitaError, match=needle.replace("(", r"\(").replace(")", r"\)")):
+        load_rules(path)
+
+
+def test_a_bad_memory_cell_skips_the_row(standin, tmp_path):
+    path = _user_csv(tmp_path, [_user_row("m", peak="lots")])
+    report = run_validation(path)
+    assert report.skipped[0].reason == "peak_memory_GiB 'lots' is not a number"
+
+
+# 8 H100s, 64 sequences of 2048 tokens per step: 131,072 tokens
+@pytest.mark.parametrize("metric, value, unit, seconds", [
+    ("iteration time", "0.9", "s/iter", 0.9),
+    ("throughput", "131072", "tokens/s", 1.0),
+    ("throughput per GPU", "8192", "tokens/s/GPU", 2.0),
+    ("throughput", "32", "samples/s", 2.0),
+    ("time for 1k iterations", "0.5", "days", 0.5 * 86400 / 1000),
+])
+def test_user_metric_units(tmp_path, metric, value, unit, seconds):
+    row = {**_user_row("u"), "metric": metric, "value": value, "unit": unit}
+    m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
+    assert m.measured_step_s == pytest.approx(seconds)
+
+
+def test_user_mfu_uses_the_sources_peak(tmp_path):
+    row = {**_user_row("u"), "metric": "MFU", "value": "40", "unit": "%"}
+    m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
+    dims = m.scenario.model.resolve()
+    assert m.measured_step_s == pytest.approx(model_flops(dims, 64) / (0.40 * 989e12 * 8))
+    assert any(a.startswith("flops model: the source's FLOP convention is not known") for a in m.assumptions)
+
+
+@pytest.mark.parametrize("metric, value, unit, kind", [
+    ("time to train", "3", "days", "ratio"),                 # no iteration count
+    ("energy", "12", "kWh", "ratio"),
+    ("TFLOP/s per GPU", ">40", "TFLOP/s/GPU", "bound"),
+    ("iteration time", "fast", "s/iter", "incomplete"),
+])
+def test_user_metrics_that_do_not_convert(tmp_path, metric, value, unit, kind):
+    row = {**_user_row("u"), "metric": metric, "value": value, "unit": unit}
+    skipped = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
+    assert isinstance(skipped, SkippedRow) and skipped.kind == kind
+
+
+def test_cli_with_the_real_simulator(capsys):
+    if not (Path(__file__).resolve().parent.parent / "simulator" / "step.py").exists():
+        pytest.skip("simulator/step.py (simulate) is not in the tree yet")
+    assert main(["validate", "--rows", "NAR21-17,MPT-25,HVD-01", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert [r["id"] for r in doc["rows"]] == ["NAR21-17", "MPT-25"]
+    assert all(r["predicted_step_s"] > 0 and r["failure"] is None for r in doc["rows"])
