@@ -1,0 +1,167 @@
+"""`partita calibrate`: the measured `local` entry loads in the catalog and the calibration, the
+simulator reproduces what was measured with it, the link fit recovers known parameters, and bad
+flags or paths fail before anything is measured."""
+from __future__ import annotations
+
+import io
+import json
+from contextlib import redirect_stdout
+from pathlib import Path
+
+import pytest
+
+from executor.calibrate import MIB, fit_link, threads_per_process
+from partita.cli import main
+from planner.catalog import load_catalog
+from simulator.calibration import load_calibration
+
+
+@pytest.fixture(scope="module")
+def calibrated(tmp_path_factory) -> tuple[Path, dict]:
+    """One quick calibration of this machine (2 processes) into a fresh PARTITA_HOME."""
+    home = tmp_path_factory.mktemp("partita-home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PARTITA_HOME", str(home))
+        out = io.StringIO()
+        with redirect_stdout(out):
+            assert main(["calibrate", "--quick", "--gpus", "2", "--device", "cpu", "--json"]) == 0
+    return home, json.loads(out.getvalue())
+
+
+@pytest.mark.slow
+def test_writes_a_loadable_local_system(calibrated):
+    home, report = calibrated
+    assert report["catalog"] == str(home / "local.yaml")
+    assert report["calibration"] == str(home / "calibration-local.yaml")
+    system = load_catalog(home / "local.yaml").system("local")
+    assert (system.kind, system.gpus_per_node, system.gpu.name) == ("local", 2, "local-cpu")
+    assert system.gpu.peak("fp32") > 0 and system.gpu.peak_is_measured("fp32")
+    assert system.gpu.memory_bandwidth_bytes_per_s > 0 and system.gpu.memory_bytes > 0
+    assert system.intra.kind == "host" and system.intra.bytes_per_s > 0
+    assert system.intra.latency_s > 0 and system.inter.kind == "none"
+    assert system.source[0].startswith("partita calibrate ")
+    assert system.gpu.source == system.source
+
+
+@pytest.mark.slow
+def test_writes_a_loadable_calibration_overlay(calibrated):
+    home, _ = calibrated
+    cal = load_calibration(home / "calibration-local.yaml", include_local=False)
+    gpu = cal.gpu("local-cpu")
+    assert "fp32" in gpu.matmul and gpu.source[0].startswith("partita calibrate ")
+    assert 0 < gpu.memory_efficiency(1e6) <= 1.5
+    assert 0 < gpu.attention_forward <= 1.5 and 0 < gpu.attention_backward <= 1.5
+    assert gpu.kernel_floor_s > 0
+    tier = cal.tier("local")
+    assert tier.efficiency == 1.0 and tier.step_latency_s + tier.base_latency_s > 0
+    assert tier.half_bandwidth_bytes >= 0
+
+
+@pytest.mark.slow
+def test_simulator_reproduces_the_measurements(calibrated):
+    _, report = calibrated
+    for row in report["check"]["matmul"]:
+        assert row["predicted_s"] == pytest.approx(row["measured_s"], rel=1e-3)
+    small = report["check"]["messages"][0]
+    assert small["bytes"] == 4
+    assert small["p2p_predicted_s"] == pytest.approx(small["p2p_measured_s"], rel=0.01)
+
+
+@pytest.mark.slow
+def test_a_scenario_on_local_simulates_with_it(calibrated, monkeypatch, capsys):
+    home, _ = calibrated
+    monkeypatch.setenv("PARTITA_HOME", str(home))
+    assert main(["simulate", "tiny-gpt-pp2", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["system"] == "local" and result["step_time_s"] > 0
+
+
+def test_link_fit_recovers_the_model_parameters():
+    bw, n_half, base, step, world = 2e9, 1.5e6, 20e-6, 30e-6, 2
+    ramp = lambda s: max(s / (s + n_half), 0.25)                        # simulator/network.py
+    p2p = [[s, base + step + s / (bw * ramp(s))] for s in (4, MIB, 4 * MIB, 16 * MIB)]
+    allreduce = [[s, base + 2 * step + s / (bw * ramp(s))] for s in (4, MIB)]
+    fit = fit_link(p2p, allreduce, world)
+    assert fit.bytes_per_s == pytest.approx(bw, rel=1e-9)
+    assert fit.half_bandwidth_bytes == pytest.approx(n_half, rel=1e-3)
+    assert fit.step_latency_s == pytest.approx(step, rel=1e-3)
+    assert fit.base_latency_s == pytest.approx(base, rel=1e-3)
+
+
+def test_link_fit_keeps_send_exact_when_all_reduce_is_slow():
+    p2p = [[4, 50e-6], [MIB, 550e-6], [4 * MIB, 2050e-6]]
+    fit = fit_link(p2p, [[4, 300e-6]], world=2)                     # 6x a send: no ring fits
+    assert (fit.base_latency_s, fit.step_latency_s) == (0.0, 50e-6)
+    assert fit.bytes_per_s == pytest.approx(3 * MIB / 1.5e-3)
+
+
+def test_threads_per_process_shares_the_cores(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 16)
+    assert [threads_per_process(n) for n in (1, 2, 3, 32)] == [16, 8, 5, 1]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--gpus", "0"], "--gpus: expected a number of processes >= 1, got 0"),
+    (["--gpus", "two"], "--gpus: expected a whole number of processes, got 'two'"),
+])
+def test_bad_process_count_is_one_error_line(argv, message, capsys):
+    assert main(["calibrate", "--quick", "--device", "cpu", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == f"error: {message}"
+
+
+def test_cuda_without_a_device_is_one_error_line(capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["calibrate", "--quick", "--device", "cuda", "--gpus", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --device cuda: no CUDA device is visible") and err.count("\n") == 1
+
+
+def test_output_path_that_is_a_directory_fails_before_measuring(tmp_path, capsys):
+    assert main(["calibrate", "--quick", "--device", "cpu", "--out", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert err == f"error: {tmp_path}: is a directory, expected a file name to write\n"
+
+
+def test_output_under_a_file_fails_before_measuring(tmp_path, capsys):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    target = blocker / "local.yaml"
+    assert main(["calibrate", "--quick", "--device", "cpu", "--out", str(target)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {blocker}: cannot create the folder") and err.count("\n") == 1
+    assert not target.exists()
+
+
+def test_output_that_is_not_yaml_fails_before_measuring(tmp_path, capsys):
+    target = tmp_path / "local.txt"
+    assert main(["calibrate", "--quick", "--device", "cpu", "--out", str(target)]) == 1
+    assert capsys.readouterr().err == f"error: {target}: expected a .yaml or .yml file name to write\n"
+
+
+@pytest.mark.slow
+def test_a_broken_local_file_is_replaced_by_a_good_one(calibrated, tmp_path, monkeypatch):
+    """Writing loads the new files back before replacing; the old local.yaml plays no part."""
+    from executor.calibrate_output import write_documents
+    monkeypatch.setenv("PARTITA_HOME", str(tmp_path))
+    (tmp_path / "local.yaml").write_text("gpus: 3\n")
+    write_documents(_calibrated_from(calibrated[1]), tmp_path / "local.yaml",
+                    tmp_path / "calibration-local.yaml")
+    assert load_catalog().system("local").gpus_per_node == 2
+
+
+def _calibrated_from(report: dict):
+    from executor.calibrate import Calibrated, LinkFit, Machine
+    fields = {k: report[k] for k in Calibrated.__dataclass_fields__}
+    fields["machine"] = Machine(**report["machine"])
+    fields["link"] = LinkFit(**report["link"])
+    return Calibrated(**fields)
+
+
+def test_unknown_device_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", "--device", "tpu"])
+    assert exc.value.code == 2
+    assert "invalid choice: 'tpu'" in capsys.readouterr().err
