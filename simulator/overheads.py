@@ -1,12 +1,15 @@
 """Framework effects no kernel microbenchmark shows, as data (data/calibration/training.yaml).
 
-Three numbers, fitted end to end by benchmarks/fit_overheads.py on the fit rows of the validation
-split only: the fraction of the best-shape matmul throughput a training run sustains, a fixed
-cost per transformer block per micro-batch, and a fixed cost per optimizer step.
+Fitted end to end by benchmarks/fit_overheads.py on the fit rows of the validation split only:
+- the fraction of the best-shape matmul throughput a training run sustains, per GPU family
+  (sustained clocks under full power differ by generation: a 700 W H100 throttles further below
+  its boost clock than a 400 W A100), with a default for GPUs the fit rows do not cover;
+- a fixed cost per transformer block per micro-batch (kernel launches, small kernels);
+- a fixed cost per optimizer step (data loading, logging, host synchronisation).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -15,23 +18,41 @@ from planner.paths import CALIBRATION_DIR
 
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
 KEYS = ("sustained_matmul_fraction", "block_overhead_us", "step_overhead_s", "source")
+FAMILIES = ("default", "v100", "a100", "h100", "h200")
 
 
 @dataclass(frozen=True)
 class Overheads:
-    sustained_matmul_fraction: float = 1.0
+    sustained_default: float = 1.0
+    sustained_by_family: dict[str, float] = field(default_factory=dict, hash=False)
     block_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
+
+    def sustained(self, gpu_name: str) -> float:
+        """The sustained matmul fraction for a catalog GPU name (its family is the name's prefix)."""
+        for family, value in self.sustained_by_family.items():
+            if gpu_name.lower().startswith(family):
+                return value
+        return self.sustained_default
 
 
 @lru_cache(maxsize=4)
 def _load(path: str, mtime: int) -> Overheads:
     c = Checker(load_document(path), "", path)
     c.only(KEYS)
-    frac = c.number("sustained_matmul_fraction", 1.0)
-    if frac > 1.0:
-        raise c.error(f"must be in (0, 1], got {frac}", "sustained_matmul_fraction")
-    return Overheads(frac, c.number("block_overhead_us", 0.0, positive=False) * 1e-6,
+    default, families = 1.0, {}
+    if c.has("sustained_matmul_fraction"):
+        sub = c.sub("sustained_matmul_fraction")
+        sub.only(FAMILIES)
+        for key in sub.mapping:
+            value = sub.number(key)
+            if value > 1.0:
+                raise sub.error(f"must be in (0, 1], got {value}", key)
+            if key == "default":
+                default = value
+            else:
+                families[key] = value
+    return Overheads(default, families, c.number("block_overhead_us", 0.0, positive=False) * 1e-6,
                      c.number("step_overhead_s", 0.0, positive=False))
 
 

@@ -329,7 +329,7 @@ def parallel_section(row: dict[str, str], rules: "Rules", plan: tuple[int, int, 
         out["virtual_stages"] = virtual
     if tp > 1 and rules.value(row, "sequence_parallel", notes):
         out["sequence_parallel"] = True
-    for key in ("overlap_grad_reduce", "overlap_param_gather"):
+    for key in ("overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap"):
         value = rules.value(row, key, notes)
         if value is not None:
             out[key] = bool(value)

@@ -92,7 +92,8 @@ _SETTING_CHECKS = {
     "schedule": ("choice", SCHEDULES), "virtual_stages": ("int", None),
     "sequence_parallel": ("bool", None), "overlap_grad_reduce": ("bool", None),
     "overlap_param_gather": ("bool", None), "inter_node_gbps": ("number", None),
-    "exclude": ("bool", None),
+    "tp_comm_overlap": ("bool", None),
+    "exclude": ("bool", None), "attention": ("choice", ("flash", "unfused")),
 }
 
 
@@ -210,6 +211,9 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
     training = {"global_batch": global_batch, "micro_batch": micro,
                 "precision": cells.precision(row, rules, system, notes),
                 "recompute": cells.recompute(row, rules, notes)}
+    attention = rules.value(row, "attention", notes)
+    if attention is not None:
+        training["attention"] = attention
     parallel = cells.parallel_section(row, rules, (tp, pp, dp, cp), model, global_batch // (micro * dp),
                                       notes)
     name = f"{row['id']} {row['model']}".strip()

@@ -53,9 +53,9 @@ MATMUL_PARTS_F = ("gemm_fwd", "attention_fwd")
 MATMUL_PARTS_B = ("gemm_bwd_input", "gemm_bwd_weight", "attention_bwd")
 
 
-def sustained(lt: LayerTimes, oh: Overheads, per_layer_s: float = 0.0) -> LayerTimes:
+def sustained(lt: LayerTimes, oh: Overheads, gpu_name: str, per_layer_s: float = 0.0) -> LayerTimes:
     """A layer's times with matmul work at the sustained fraction and a fixed per-layer cost."""
-    slow = 1.0 / oh.sustained_matmul_fraction - 1.0
+    slow = 1.0 / oh.sustained(gpu_name) - 1.0
     extra_f = slow * sum(lt.parts.get(k, 0.0) for k in MATMUL_PARTS_F) + per_layer_s
     extra_i = slow * sum(lt.parts.get(k, 0.0) for k in ("gemm_bwd_input", "attention_bwd"))
     extra_w = slow * lt.parts.get("gemm_bwd_weight", 0.0) + per_layer_s
@@ -74,7 +74,7 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                                  t.precision, t.recompute, gpu, cal, decoder=decoder,
                                  attention=t.attention)
-    lt = sustained(lt, oh, oh.block_overhead_s)
+    lt = sustained(lt, oh, gpu.name, oh.block_overhead_s)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
     _add(parts, "compute", compute_f + compute_b)
@@ -137,7 +137,7 @@ def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads) -> list[Ch
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
     head = sustained(head_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
-                                t.precision, gpu, cal), oh)
+                                t.precision, gpu, cal), oh, gpu.name)
     ranges = chunk_ranges(d.total_layers, p)
     out = []
     for i, (a, b) in enumerate(ranges):

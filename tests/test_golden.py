@@ -23,10 +23,12 @@ SUMMARY_TOLERANCE_PCT = 0.5          # percentage points
 PREDICTION_RTOL = 1e-9
 SUMMARY_KEYS = {"holdout": ("median_abs_pct", "p90_abs_pct", "max_abs_pct"), "fit": ("median_abs_pct",)}
 
-# The accuracy targets for hold-out rows (absolute step-time error, percent). They stay None
-# until the lead confirms the simulator meets them; then the test below holds the line for good.
-HOLDOUT_MEDIAN_CEILING_PCT: float | None = None
-HOLDOUT_P90_CEILING_PCT: float | None = None
+# Ceilings on the hold-out error (absolute step-time error, percent) that no change may cross.
+# The targets are 5 (median) and 10 (p90); the simulator does not meet them yet
+# (10.6 / 28.4 at the time of writing), so these hold today's line and are to be lowered towards
+# the targets as the models improve, never raised.
+HOLDOUT_MEDIAN_CEILING_PCT: float | None = 12.0
+HOLDOUT_P90_CEILING_PCT: float | None = 30.0
 
 UPDATE_HINT = "if the change is intended, rewrite with: pytest tests/test_golden.py --update-golden"
 
