@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from planner.errors import PartitaError
 from planner.modelspec import TransformerDims
 from planner.scenario import ParallelSpec, TrainingSpec
+from planner.stages import chunk_ranges
 from simulator.calibration import Calibration
 from simulator.compute import element_bytes
 
@@ -218,16 +219,8 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
 
 def _stage_blocks(dims: TransformerDims, parallel: ParallelSpec) -> list[tuple[int, int]]:
     """(encoder-or-only blocks, t5 decoder blocks) per pipeline rank, all its chunks together."""
-    p, v = parallel.pipeline, parallel.virtual_stages
-    total = dims.total_layers
-    if parallel.stages is not None:
-        ranges = list(parallel.stages)
-    else:
-        chunks = p * v
-        base, extra = divmod(total, chunks)
-        sizes = [base + (1 if i < extra else 0) for i in range(chunks)]
-        starts = [sum(sizes[:i]) for i in range(chunks)]
-        ranges = [(a, a + n) for a, n in zip(starts, sizes)]
+    p = parallel.pipeline
+    ranges = chunk_ranges(dims.total_layers, parallel)
     out = [[0, 0] for _ in range(p)]
     for chunk, (a, b) in enumerate(ranges):
         rank = chunk % p

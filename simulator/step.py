@@ -51,15 +51,17 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     rank_compute_end = _rank_ends(timeline, p.pipeline)
     dp_end, dp_spans = dp_finish_times(ctx, topo, cal, timeline, costs, rank_compute_end,
                                        trace=trace)
-    opt_s = optimizer_time(ctx, cal) + oh.step_overhead_s
+    opt_s = optimizer_time(ctx, cal)
+    overhead_s = oh.step_overhead_s
     critical = max(range(p.pipeline), key=lambda r: (dp_end[r], -r))
-    step = dp_end[critical] + opt_s
+    step = dp_end[critical] + opt_s + overhead_s
     inflight = [float(x) / max(1, p.virtual_stages) for x in _inflight(timeline, p)]
     mem = pipeline_memory(ctx.dims, ctx.training, p, cal, microbatches=ctx.microbatches,
                           inflight=inflight, flash_attention=ctx.training.attention == "flash")
     peak_rank = max(range(len(mem)), key=lambda r: (_total(mem[r]), -r))
     breakdown = _breakdown(ctx, chunks, timeline, critical, rank_compute_end, dp_end, opt_s,
                            critical_p2p)
+    breakdown["step_overhead"] = overhead_s
     spans = _spans(timeline, dp_spans, opt_s, dp_end, p.pipeline) if trace else ()
     return _result(ctx, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
 
