@@ -179,6 +179,7 @@ class _Run:
         self.send_busy = [0.0] * self.p
         self.last_bwd = [0.0] * self.stages
         self.spans: list[Span] = []
+        self.activation_s, self.gradient_s = costs.activation_s, costs.gradient_s
         self.loop = EventLoop()
 
     def _compile(self, actions: list[Action | None], costs: PipelineCosts) -> list[tuple]:
@@ -211,7 +212,8 @@ class _Run:
                                "for the reason")
 
     def _try_start(self, r: int) -> None:
-        code, s, mb, dur, slot = self.ops[r][self.pos[r]]
+        op = self.ops[r][self.pos[r]]
+        slot = op[4]
         t = self.ready[slot]
         if t < 0:
             self.waiter[slot] = r
@@ -219,19 +221,22 @@ class _Run:
         free = self.lane_free[r]
         if t > free:
             produced = self.sent[slot]
-            if produced >= 0 and t > max(free, produced):
-                self._recv_wait(r, code, s, mb, max(free, produced), t)
+            if produced >= 0 and t > (free if free > produced else produced):
+                self._recv_wait(r, op[0], op[1], op[2], free if free > produced else produced, t)
             free = t
-        self.loop.at(free + dur, self._finish, r, free)
+        self.loop.at(free + op[3], self._finish, r, free)
 
     def _finish(self, r: int, start: float) -> None:
-        code, s, mb, dur, slot = self.ops[r][self.pos[r]]
+        ops = self.ops[r]
+        pos = self.pos[r]
+        op = ops[pos]
+        code, s, mb, dur = op[0], op[1], op[2], op[3]
         end = self.loop.now
         self.busy[r] += dur
         if self.trace:
-            self.spans.append(Span(r, "compute", self._name(self.ops[r][self.pos[r]]), start, end,
-                                   _CAT[code]))
-        self.pos[r] += 1
+            self.spans.append(Span(r, "compute", self._name(op), start, end, _CAT[code]))
+        pos += 1
+        self.pos[r] = pos
         self.lane_free[r] = end
         key = s * self.m + mb
         if code == _F:
@@ -239,8 +244,9 @@ class _Run:
         elif code != _W:
             self._input_grad_done(r, s, mb, key, end, code)
         if code == _B or code == _W:
-            self.last_bwd[s] = max(self.last_bwd[s], end)
-        if self.pos[r] < len(self.ops[r]):
+            if end > self.last_bwd[s]:
+                self.last_bwd[s] = end
+        if pos < len(ops):
             self._try_start(r)
 
     def _forward_done(self, r: int, s: int, mb: int, key: int, end: float) -> None:
@@ -249,7 +255,7 @@ class _Run:
         elif (s + 1) % self.p == r:
             self._deliver(key + self.m, end, -1.0)
         else:
-            self._transfer(r, s, mb, end, forward=True)
+            self._transfer(r, s, mb, end, True)
 
     def _input_grad_done(self, r: int, s: int, mb: int, key: int, end: float, code: int) -> None:
         if code == _I:
@@ -259,19 +265,21 @@ class _Run:
         if (s - 1) % self.p == r:
             self._deliver(self.size + key - self.m, end, -1.0)
         else:
-            self._transfer(r, s, mb, end, forward=False)
+            self._transfer(r, s, mb, end, False)
 
-    def _transfer(self, r: int, s: int, mb: int, end: float, *, forward: bool) -> None:
-        boundary = s if forward else s - 1
-        dur = (self.costs.activation_s if forward else self.costs.gradient_s)[boundary]
-        t0 = max(end, self.send_free[r])
+    def _transfer(self, r: int, s: int, mb: int, end: float, forward: bool) -> None:
+        if forward:
+            boundary, dur, slot = s, self.activation_s[s], (s + 1) * self.m + mb
+        else:
+            boundary, dur, slot = s - 1, self.gradient_s[s - 1], self.size + (s - 1) * self.m + mb
+        free = self.send_free[r]
+        t0 = end if end > free else free
         t1 = t0 + dur
         self.send_free[r] = t1
         self.send_busy[r] += dur
         if self.trace and dur > 0:
             kind = "SEND_F" if forward else "SEND_B"
             self.spans.append(Span(r, "send", f"{s}{kind}{mb}", t0, t1, self._link_cat(boundary)))
-        slot = (0 if forward else self.size) + (s + (1 if forward else -1)) * self.m + mb
         self._deliver(slot, t1, end)
 
     def _deliver(self, slot: int, t: float, produced: float) -> None:
