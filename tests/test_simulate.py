@@ -1,0 +1,154 @@
+"""`partita simulate`: the contract's JSON, several files, traces, what-ifs and bad input."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from partita.cli import main
+from planner.catalog import load_catalog
+from planner.scenario import load_scenario, parse_scenario
+from simulator.step import simulate
+
+CONTRACT_KEYS = {"step_time_s", "tokens_per_s", "samples_per_s", "tflops_per_gpu", "mfu",
+                 "peak_memory_gib", "fits_in_memory", "bubble_fraction", "breakdown_s"}
+
+
+def small(**parallel) -> dict:
+    doc = {
+        "name": "small",
+        "model": {"arch": "gpt", "layers": 8, "hidden": 1024, "heads": 16, "seq_len": 1024,
+                  "vocab": 32000},
+        "cluster": {"system": "p4d.24xlarge", "gpus": 16},
+        "training": {"global_batch": 64, "micro_batch": 2, "precision": "bf16"},
+        "parallel": {"tensor": 2, "pipeline": 2, "data": 4, "schedule": "1f1b"},
+    }
+    doc["parallel"].update(parallel)
+    return doc
+
+
+def write(tmp_path, name: str, doc: dict):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def test_json_has_the_contract_keys(capsys):
+    assert main(["simulate", "gpt3-175b-a100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert CONTRACT_KEYS <= out.keys()
+    assert {"compute", "optimizer"} <= out["breakdown_s"].keys()
+    assert out["step_time_s"] > 0 and 0 < out["mfu"] < 1
+    assert abs(sum(out["breakdown_s"].values()) - out["step_time_s"]) < 1e-6 * out["step_time_s"]
+
+
+def test_summary_is_readable(capsys):
+    assert main(["simulate", "t5-3b-p4d"]) == 0
+    text = capsys.readouterr().out
+    assert "step time" in text and "where the time goes" in text and "$ per step" in text
+
+
+def test_several_files_give_json_lines_and_keep_going(tmp_path, capsys):
+    bad = write(tmp_path, "bad.yaml", small(tensor=3))
+    good = write(tmp_path, "good.yaml", small())
+    assert main(["simulate", good, bad, good, "--json"]) == 1
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["file"] for x in lines] == [good, bad, good]
+    assert "error" in lines[1] and "step_time_s" in lines[0] and "step_time_s" in lines[2]
+
+
+def test_trace_is_a_chrome_trace(tmp_path):
+    out = tmp_path / "trace.json"
+    assert main(["simulate", write(tmp_path, "s.yaml", small()), "--trace", str(out)]) == 0
+    events = json.loads(out.read_text())["traceEvents"]
+    spans = [e for e in events if e.get("ph") == "X"]
+    names = {e["name"] for e in spans}
+    assert "0F0" in names and "1B0" in names and "optimizer" in names
+
+
+def test_same_input_same_output_and_trace(tmp_path, capsys):
+    path = write(tmp_path, "s.yaml", small(schedule="interleaved-1f1b", virtual_stages=2))
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    main(["simulate", path, "--json", "--trace", str(a)])
+    main(["simulate", path, "--json", "--trace", str(b)])
+    first, second = capsys.readouterr().out.splitlines()
+    assert first == second and a.read_bytes() == b.read_bytes()
+
+
+def test_too_big_still_gets_a_time():
+    doc = small()
+    doc["model"] = {"preset": "llama2-70b"}
+    doc["cluster"] = {"system": "p4d.24xlarge", "gpus": 8}
+    doc["training"] = {"global_batch": 8, "micro_batch": 1}
+    doc["parallel"] = {"tensor": 8}
+    r = simulate(parse_scenario(doc), load_catalog())
+    assert not r.fits_in_memory and r.step_time_s > 0
+
+
+def test_more_network_bandwidth_is_never_slower():
+    catalog = load_catalog()
+    times = []
+    for gbps in (50, 100, 400, 1600):
+        doc = small(tensor=1, pipeline=2, data=8)
+        doc["cluster"]["inter_node_gbps"] = gbps
+        times.append(simulate(parse_scenario(doc), catalog).step_time_s)
+    assert times == sorted(times, reverse=True)
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "tree", "hierarchical", "parameter-server"])
+def test_every_gradient_reduction_runs(algorithm):
+    doc = small(tensor=1, pipeline=1, data=16, grad_reduce=algorithm, overlap_grad_reduce=False)
+    r = simulate(parse_scenario(doc), load_catalog())
+    assert r.breakdown_s["dp_comm"] > 0
+
+
+def test_zero3_costs_more_communication_than_zero1():
+    catalog = load_catalog()
+    z1 = simulate(parse_scenario(small(tensor=1, pipeline=1, data=16, zero=1)), catalog)
+    z3 = simulate(parse_scenario(small(tensor=1, pipeline=1, data=16, zero=3)), catalog)
+    assert z3.peak_memory_gib < z1.peak_memory_gib
+    assert z3.breakdown_s.get("fsdp_comm", 0) > 0
+
+
+def test_recompute_trades_time_for_memory():
+    catalog = load_catalog()
+    out = {}
+    for mode in ("none", "selective", "full"):
+        doc = small()
+        doc["training"]["recompute"] = mode
+        out[mode] = simulate(parse_scenario(doc), catalog)
+    assert out["none"].step_time_s < out["selective"].step_time_s < out["full"].step_time_s
+    assert out["none"].peak_memory_gib >= out["selective"].peak_memory_gib > out["full"].peak_memory_gib
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"cluster": {"system": "p4d.24xlarg", "gpus": 16}}, "did you mean 'p4d.24xlarge'"),
+    ({"parallel": None}, "no parallel section; run `partita plan`"),
+    ({"cluster": {"system": "p3.16xlarge", "gpus": 16}}, "precision 'bf16' is not supported by v100-16gb"),
+    ({"cluster": {"system": "p4d.24xlarge", "gpus": 12}}, "must fill whole p4d.24xlarge nodes"),
+])
+def test_bad_scenarios_fail_with_one_line(tmp_path, capsys, change, message):
+    doc = small()
+    doc.update(change)
+    if doc["parallel"] is None:
+        del doc["parallel"]
+    if change.get("cluster", {}).get("gpus") == 12:
+        doc["parallel"] = {"tensor": 1, "pipeline": 1, "data": 12}
+        doc["training"]["global_batch"] = 24
+    assert main(["simulate", write(tmp_path, "s.yaml", doc)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+
+
+def test_trace_with_several_files_is_refused(tmp_path, capsys):
+    path = write(tmp_path, "s.yaml", small())
+    assert main(["simulate", path, path, "--trace", str(tmp_path / "t.json")]) == 1
+    assert "--trace takes one scenario file" in capsys.readouterr().err
+
+
+def test_shipped_examples_simulate():
+    catalog = load_catalog()
+    for name in ("gpt3-175b-a100", "llama2-70b-h100", "t5-3b-p4d", "gpt2-xl-p3"):
+        r = simulate(load_scenario(name), catalog)
+        assert r.fits_in_memory, name
