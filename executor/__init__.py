@@ -1,0 +1,14 @@
+"""Executing a scenario's plan for real: `partita run` under torchrun (torch.distributed).
+
+- plan.py      what every rank does (degrees, chunks, micro-batching), checked before launch; no torch
+- launch.py    the torchrun command line, the job file, rank 0's result; no torch
+- worker.py    `python -m executor.worker`: one rank (process group, then train.run_rank)
+- train.py     the per-rank training loop and the single-process reference it must match
+- stages.py    this rank's model chunks, cut from planner.models; tied parameters
+- parallel.py  device mesh, tensor parallelism, data parallelism (ZeRO 0-3), gradient reductions
+- data.py      synthetic or file token batches, a pure function of the sample index
+- measure.py   step times, tokens/s, peak memory, per-action spans; metrics.jsonl and trace.json
+- checkpoint.py, faults.py, calibrate.py: checkpoints, fault injection, `partita calibrate`
+
+Nothing here is imported by the planner or the simulator.
+"""

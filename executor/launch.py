@@ -1,0 +1,132 @@
+"""Starting the processes of `partita run` under torchrun and reading back what they produced.
+
+The command line validates everything first; then `launch(job, rendezvous)` writes the job to a
+temporary directory, runs
+
+    python -m torch.distributed.run --standalone --nproc-per-node N -m executor.worker --job JOB.json
+
+(or, across machines, torchrun's rendezvous flags instead of --standalone), relays the workers'
+output to stderr, and returns rank 0's result. A worker that meets bad input (a `PartitaError`)
+writes its message to the temporary directory; the launcher raises it here, so the user sees one
+`error:` line. No torch import here: torchrun runs in the child process.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TextIO
+
+from planner.errors import PartitaError
+
+RESULT_FILE = "result.json"
+# [Note: restart store] With torchrun's default shared rendezvous store, workers restarted after a
+# failure (--max-restarts) can read the dead attempt's gloo addresses and fail with "Gloo
+# connectFullMesh failed ... Connection refused": 4 of 4 restarts under CPU contention on torch
+# 2.13, 0 of 4 with a fresh store per attempt, which this variable asks for.
+TORCHRUN_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+
+
+@dataclass(frozen=True)
+class Job:
+    """Everything a worker needs, written as JSON for `executor.worker`."""
+    scenario: str                  # path of the scenario file
+    world: int                     # processes in all
+    steps: int                     # the run ends after this optimizer step (1-based, total)
+    backend: str = "gloo"
+    seed: int = 0
+    lr: float = 1e-3
+    data: str | None = None        # token file; None: synthetic tokens
+    out_dir: str = "partita-run"
+    checkpoint_dir: str | None = None
+    checkpoint_every: int = 0
+    resume: bool = False
+    save_weights: str | None = None
+    predicted_step_time_s: float | None = None
+    error_dir: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=1)
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "Job":
+        return cls(**json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """torchrun's multi-machine flags; `nnodes` None means one machine (--standalone)."""
+    nnodes: int | None = None
+    node_rank: int = 0
+    endpoint: str | None = None
+    backend: str = "c10d"
+    run_id: str = "partita"
+    max_restarts: int = 0
+
+    @property
+    def standalone(self) -> bool:
+        return self.nnodes is None
+
+
+def torchrun_command(job_path: Path, nproc_per_node: int, rdzv: Rendezvous) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc_per_node)]
+    if rdzv.standalone:
+        cmd.append("--standalone")
+    else:
+        cmd += ["--nnodes", str(rdzv.nnodes), "--node-rank", str(rdzv.node_rank),
+                "--rdzv-backend", rdzv.backend, "--rdzv-id", rdzv.run_id]
+        if rdzv.endpoint:
+            cmd += ["--rdzv-endpoint", rdzv.endpoint]
+    if rdzv.max_restarts:
+        cmd += ["--max-restarts", str(rdzv.max_restarts)]
+    return cmd + ["-m", "executor.worker", "--job", str(job_path)]
+
+
+def launch(job: Job, nproc_per_node: int, rdzv: Rendezvous, log: TextIO | None = None) -> dict | None:
+    """Run the job; rank 0's result (None on a node that does not hold rank 0)."""
+    log = log or sys.stderr
+    out_dir = Path(job.out_dir)
+    (out_dir / RESULT_FILE).unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix="partita-run-") as tmp:
+        job = Job(**{**asdict(job), "error_dir": tmp})
+        job_path = Path(tmp) / "job.json"
+        job_path.write_text(job.to_json(), encoding="utf-8")
+        status = _stream(torchrun_command(job_path, nproc_per_node, rdzv), log)
+        errors = sorted(Path(tmp).glob("error-rank*.txt"), key=lambda p: int(p.stem[10:]))
+        if errors:
+            raise PartitaError(errors[0].read_text(encoding="utf-8").strip())
+    if status != 0:
+        raise PartitaError(f"the run failed: torchrun exited with status {status} "
+                           "(the workers' output is above)")
+    result = out_dir / RESULT_FILE
+    return json.loads(result.read_text(encoding="utf-8")) if result.exists() else None
+
+
+def _stream(cmd: list[str], log: TextIO) -> int:
+    """Run `cmd`, copying its output line by line to `log`; its exit status. If this process is
+    interrupted or terminated, torchrun is terminated too (it stops its workers)."""
+    env = {**os.environ, **TORCHRUN_ENV}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            bufsize=1, env=env)
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
+    try:
+        for line in proc.stdout:
+            log.write(line)
+        return proc.wait()
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, previous)
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait()
+
+
+def _exit_on_sigterm(signum, frame):
+    raise SystemExit(128 + signum)

@@ -1,0 +1,148 @@
+"""This rank's model chunks (pipeline stages), cut from the seeded model of planner.models.
+
+Every rank builds the whole model on the meta device (no memory) and materialises only the layers
+of its own chunks, with `PipelineLM.materialize`'s per-parameter seeding: a layer gets the same
+weights whichever rank builds it, so a pipelined run starts from exactly the weights of the
+single-process reference.
+
+A `Chunk` runs its layers in order, under autocast for bf16 and with the plan's activation
+recomputation. Parameters tied across chunks (GPT's embedding and LM head, T5's shared relative
+position bias) become one copy per chunk; `TiedGroup` lists them so that the run loop adds their
+gradients up, as Megatron-LM does for the embedding of its first and last stage
+(Shoeybi et al. 2019, Sec. 3; megatron/core/distributed/finalize_model_grads.py).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from executor.plan import ExecPlan
+from planner.modelspec import TransformerDims
+
+AUTOCAST = {"bf16": torch.bfloat16}
+NOT_BLOCKS = ("embedding", "head")
+# Selective recomputation keeps the outputs of the projections' GEMMs and recomputes the rest of
+# a block (attention core, norms, activations): the attention core is Korthikanti et al. 2022's
+# selective recomputation (Sec. 5); recomputing the elementwise ops too is torchtitan's op-level
+# policy (torchtitan/models/llama3/infra/parallelize.py, _save_list).
+SAVED_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+
+
+@dataclass(frozen=True)
+class TiedGroup:
+    """One parameter used by several layers: its qualified names and the chunks that hold it."""
+    names: tuple[str, ...]
+    stages: tuple[int, ...]
+
+
+class Chunk(nn.Module):
+    """Consecutive pipeline layers of one model chunk: one tensor in, one tensor out."""
+
+    def __init__(self, stage: int, layers: list[nn.Module], names: list[str], *, recompute: str,
+                 precision: str, device_type: str):
+        super().__init__()
+        self.stage = stage
+        self.layers = nn.ModuleList(layers)
+        self.names = list(names)
+        self.recompute = recompute
+        self.autocast = AUTOCAST.get(precision)
+        self.device_type = device_type
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.autocast(self.device_type, dtype=self.autocast or torch.bfloat16,
+                            enabled=self.autocast is not None):
+            for name, layer in zip(self.names, self.layers):
+                x = self._run(layer, x) if name not in NOT_BLOCKS else layer(x)
+        return x
+
+    def _run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if self.recompute == "none":
+            return block(x)
+        if self.recompute == "full":
+            return checkpoint(block, x, use_reentrant=False)
+        context = partial(create_selective_checkpoint_contexts, _selective_policy)
+        return checkpoint(block, x, use_reentrant=False, context_fn=context)
+
+    def model_name(self, name: str) -> str:
+        """'layers.3.attn.q_proj.weight' -> the model's own name, e.g. 'block.7.attn.q_proj.weight'."""
+        _, index, rest = name.split(".", 2)
+        return f"{self.names[int(index)]}.{rest}"
+
+
+def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def build_chunks(plan: ExecPlan, dims: TransformerDims, stages: tuple[int, ...],
+                 device: torch.device, seed: int) -> tuple[list[Chunk], list[TiedGroup], object]:
+    """This rank's chunks (in stage order), every tied group of the model, and the loss function."""
+    from planner.models import build_model
+    model = build_model(dims, device="meta", seed=seed)
+    wanted = sorted({i for s in stages for i in plan.layers_of(s)})
+    model.materialize(device, seed=seed, layers=wanted)
+    layers, names = model.pipeline_layers(), model.layer_names()
+    chunks = [Chunk(s, [layers[i] for i in plan.layers_of(s)], [names[i] for i in plan.layers_of(s)],
+                    recompute=plan.recompute, precision=plan.precision, device_type=device.type)
+              for s in stages]
+    groups = tied_groups(model, plan)
+    _untie_across_chunks(chunks)
+    return chunks, groups, model.loss
+
+
+def tied_groups(model, plan: ExecPlan) -> list[TiedGroup]:
+    """Tied parameters of the model that end up in more than one chunk, in a fixed order."""
+    names = model.layer_names()
+    stage_of_layer = {i: s for s in range(plan.stages) for i in plan.layers_of(s)}
+    out = []
+    for group in model.tied_parameters():
+        stages = sorted({stage_of_layer[_layer_index(n, names)] for n in group})
+        if len(stages) > 1:
+            out.append(TiedGroup(names=tuple(group), stages=tuple(stages)))
+    return sorted(out, key=lambda g: g.names)
+
+
+def _layer_index(param_name: str, layer_names: list[str]) -> int:
+    """Index of the pipeline layer that owns `param_name` (longest layer-name prefix)."""
+    best = max((n for n in layer_names if param_name.startswith(n + ".")), key=len)
+    return layer_names.index(best)
+
+
+def _untie_across_chunks(chunks: list[Chunk]) -> None:
+    """Give each chunk its own copy of any module or parameter it shares with an earlier chunk of
+    this rank (interleaved or single-rank pipelines): an optimizer and FSDP need one owner per
+    tensor. Within one chunk, sharing is kept (one deepcopy memo per chunk)."""
+    seen: set[int] = set()
+    for chunk in chunks:
+        _own(chunk, set(seen), {})
+        seen |= {id(m) for m in chunk.modules()} | {id(p) for p in chunk.parameters()}
+
+
+def _own(module: nn.Module, earlier: set[int], memo: dict) -> None:
+    for key, child in list(module._modules.items()):
+        if child is None:
+            continue
+        if id(child) in earlier:
+            module._modules[key] = copy.deepcopy(child, memo)
+        else:
+            _own(child, earlier, memo)
+    for key, param in list(module._parameters.items()):
+        if param is not None and id(param) in earlier:
+            if id(param) not in memo:
+                memo[id(param)] = nn.Parameter(param.detach().clone(), param.requires_grad)
+            module._parameters[key] = memo[id(param)]
+
+
+def local_copies(chunks: list[Chunk], group: TiedGroup) -> list[nn.Parameter]:
+    """This rank's copies of a tied parameter: one per chunk that holds it."""
+    out = []
+    for chunk in chunks:
+        for name, param in chunk.named_parameters(remove_duplicate=False):
+            if chunk.model_name(name) in group.names:
+                out.append(param)
+                break
+    return out

@@ -1,0 +1,180 @@
+"""`partita run`: bad input is refused before anything starts; a real run keeps the JSON contract."""
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from executor.launch import Job, Rendezvous, launch, torchrun_command
+from partita.cli import build_parser, main
+from partita.commands.run import placement
+from planner.errors import PartitaError
+from planner.paths import SCENARIOS_DIR
+
+TINY = SCENARIOS_DIR / "tiny-gpt-pp2.yaml"
+
+
+@pytest.fixture(autouse=True)
+def no_local_calibration(tmp_path, monkeypatch):
+    """Runs here see no `partita calibrate` result, whatever the developer's home holds."""
+    monkeypatch.setenv("PARTITA_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("PARTITA_CATALOG", raising=False)
+
+
+def scenario_file(tmp_path, **changes) -> str:
+    doc = yaml.safe_load(TINY.read_text())
+    for path, value in changes.items():
+        section, key = path.split("__")
+        doc[section][key] = value
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def refused(capsys, tmp_path, *argv) -> str:
+    """Run `partita run ...`; it must fail with one `error:` line and start nothing."""
+    out = tmp_path / "out"
+    code = main(["run", *argv, "--out", str(out)])
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert code == 1 and len(lines) == 1 and lines[0].startswith("error: "), captured.err
+    assert not out.exists() and captured.out == ""
+    return lines[0]
+
+
+def test_stage_ranges_out_of_bounds(capsys, tmp_path):
+    line = refused(capsys, tmp_path, scenario_file(tmp_path, parallel__stages=[[0, 2], [2, 6]]))
+    assert "parallel.stages ends at layer 6, but the model has 4 layers" in line
+
+
+def test_degrees_that_do_not_multiply_to_the_process_count(capsys, tmp_path):
+    line = refused(capsys, tmp_path, scenario_file(tmp_path, parallel__data=2))
+    assert "tensor*pipeline*context*data = 1*2*1*2 = 4, but cluster has 2 GPUs" in line
+
+
+def test_missing_token_file(capsys, tmp_path):
+    line = refused(capsys, tmp_path, str(TINY), "--data", str(tmp_path / "nope.bin"))
+    assert "nope.bin: no such file" in line
+
+
+def test_system_not_local_without_rendezvous_says_what_to_do(capsys, tmp_path):
+    path = scenario_file(tmp_path, cluster__system="p4d.24xlarge")
+    line = refused(capsys, tmp_path, path)
+    assert "not 'local'" in line and "cluster: {system: local, gpus: 2}" in line
+    assert "--nnodes 1 --node-rank I --rdzv-endpoint HOST:PORT" in line
+
+
+def test_local_system_across_nodes_is_refused(capsys, tmp_path):
+    assert "this machine" in refused(capsys, tmp_path, str(TINY), "--nnodes", "2")
+
+
+def test_unknown_system_is_refused(capsys, tmp_path):
+    path = scenario_file(tmp_path, cluster__system="p4d.24xl")
+    assert "unknown system 'p4d.24xl'" in refused(capsys, tmp_path, path, "--nnodes", "1")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the machine without CUDA")
+def test_nccl_without_gpus(capsys, tmp_path):
+    line = refused(capsys, tmp_path, str(TINY), "--backend", "nccl")
+    assert "2 needed on this machine, 0 found; use --backend gloo" in line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--resume"], "--resume needs --checkpoint-dir DIR"),
+    (["--checkpoint-every", "2"], "--checkpoint-every needs --checkpoint-dir DIR"),
+    (["--save-weights", "/no/such/dir/w.pt"], "--save-weights /no/such/dir/w.pt: no such directory"),
+])
+def test_flag_combinations(capsys, tmp_path, flags, message):
+    assert message in refused(capsys, tmp_path, str(TINY), *flags)
+
+
+def test_checkpoint_dir_that_is_a_file(capsys, tmp_path):
+    (tmp_path / "ck").write_text("")
+    line = refused(capsys, tmp_path, str(TINY), "--checkpoint-dir", str(tmp_path / "ck"))
+    assert "exists and is not a directory" in line
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"training__precision": "fp16"}, "fp16 would need loss scaling"),
+    ({"parallel__schedule": "gpipe", "parallel__context": 2, "cluster__gpus": 4},
+     "does not execute context parallelism"),
+])
+def test_plans_the_executor_does_not_run(capsys, tmp_path, changes, message):
+    assert message in refused(capsys, tmp_path, scenario_file(tmp_path, **changes))
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--steps", "0"], "must be >= 1"), (["--lr", "-1"], "must be > 0"),
+    (["--max-restarts", "x"], "expected a whole number"), (["--backend", "mpi"], "invalid choice"),
+])
+def test_bad_flag_values_are_usage_errors(capsys, flags, message):
+    with pytest.raises(SystemExit) as exc:
+        main(["run", str(TINY), *flags])
+    assert exc.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_several_machines_get_torchruns_rendezvous_flags(tmp_path):
+    from planner.scenario import load_scenario
+    scenario = load_scenario(scenario_file(tmp_path, cluster__system="p4d.24xlarge",
+                                           cluster__gpus=16, parallel__data=8,
+                                           training__global_batch=64))
+    args = build_parser().parse_args(["run", "x", "--nnodes", "2", "--node-rank", "1",
+                                      "--rdzv-endpoint", "host0:29500", "--max-restarts", "2"])
+    gpus, per_node, rdzv = placement(scenario, args)
+    assert (gpus, per_node) == (16, 8)
+    cmd = torchrun_command(tmp_path / "job.json", per_node, rdzv)
+    text = " ".join(cmd)
+    assert "--standalone" not in cmd and "--nproc-per-node 8 --nnodes 2 --node-rank 1" in text
+    assert "--rdzv-endpoint host0:29500" in text and "--max-restarts 2" in text
+    assert cmd[-4:] == ["-m", "executor.worker", "--job", str(tmp_path / "job.json")]
+    one = torchrun_command(tmp_path / "job.json", 2, Rendezvous())
+    assert "--standalone" in one and "--nnodes" not in one
+
+
+def test_gpus_must_split_over_the_nodes(capsys, tmp_path):
+    path = scenario_file(tmp_path, cluster__system="p4d.24xlarge", cluster__gpus=2)
+    assert "2 GPUs do not split evenly over --nnodes 4" in refused(capsys, tmp_path, path,
+                                                                  "--nnodes", "4")
+
+
+@pytest.mark.slow
+def test_a_workers_bad_input_comes_back_as_one_error(tmp_path):
+    """The worker re-checks the plan; its PartitaError reaches the launcher as the message."""
+    job = Job(scenario=str(SCENARIOS_DIR / "tiny-llama-pp2-dp2.yaml"), world=2, steps=1,
+              out_dir=str(tmp_path / "out"))
+    with pytest.raises(PartitaError, match="= 4, but cluster has 2 GPUs"):
+        launch(job, 2, Rendezvous(), log=open(tmp_path / "log.txt", "w"))
+
+
+@pytest.mark.slow
+def test_run_prints_the_contract_and_writes_its_outputs(capsys, tmp_path):
+    from planner.schedule import build
+    from simulator.trace import spans_from_trace
+    out = tmp_path / "out"
+    tokens = tmp_path / "tokens.bin"
+    (np.arange(5000, dtype=np.uint16) * 7 % 128).astype(np.uint16).tofile(tokens)
+    assert main(["run", str(TINY), "--steps", "3", "--json", "--out", str(out),
+                 "--data", str(tokens)]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert result["data"] == str(tokens)
+    assert {"step_times_s", "tokens_per_s", "predicted_step_time_s", "losses", "final_loss"} <= set(result)
+    assert len(result["step_times_s"]) == len(result["losses"]) == 3
+    assert result["final_loss"] == result["losses"][-1] and math.isfinite(result["final_loss"])
+    assert result["predicted_step_time_s"] is None and "partita calibrate" in captured.err
+    assert result["tokens_per_s"] == pytest.approx(8 * 16 / result["median_step_time_s"])
+    lines = [json.loads(l) for l in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [l["step"] for l in lines] == [1, 2, 3] and [l["loss"] for l in lines] == result["losses"]
+    assert json.loads((out / "result.json").read_text()) == result
+    # The measured timeline joins the simulator's: every rank ran torch's 1F1B order of actions.
+    spans = spans_from_trace(json.loads((out / "trace.json").read_text()))
+    expected = build("1f1b", 2, 4)
+    for rank in (0, 1):
+        ran = [s.name for s in sorted(spans, key=lambda s: s.start_s)
+               if s.rank == rank and s.lane == "compute"]
+        assert ran == [str(a) for a in expected[rank] if a is not None]
+        assert all(s.end_s >= s.start_s >= 0 for s in spans if s.rank == rank)

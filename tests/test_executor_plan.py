@@ -1,0 +1,182 @@
+"""The executor's per-rank plan, its data stream and its model chunks, all in one process (fast)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from executor.data import DataSpec, TokenStream, check_token_file, replica_samples
+from executor.plan import Coords, even_chunks, execution_plan
+from executor.stages import build_chunks, tied_groups
+from planner.errors import PartitaError
+from planner.scenario import parse_scenario
+
+BASE = {
+    "name": "t",
+    "model": {"arch": "gpt", "layers": 4, "hidden": 32, "heads": 4, "seq_len": 16, "vocab": 128},
+    "cluster": {"system": "local", "gpus": 8},
+    "training": {"global_batch": 16, "micro_batch": 2, "precision": "fp32"},
+    "parallel": {"tensor": 2, "pipeline": 2, "data": 2, "schedule": "1f1b"},
+}
+
+
+def scenario(**changes):
+    d = json.loads(json.dumps(BASE))
+    for path, value in changes.items():
+        section, key = path.split("__")
+        d[section][key] = value
+    return parse_scenario(d)
+
+
+def test_rank_order_is_megatron_tensor_fastest():
+    plan = execution_plan(scenario(), 8)
+    assert [plan.coords(r) for r in (0, 1, 2, 5, 7)] == [
+        Coords(0, 0, 0), Coords(0, 0, 1), Coords(0, 1, 0), Coords(1, 0, 1), Coords(1, 1, 1)]
+    assert all(plan.rank_of(plan.coords(r)) == r for r in range(8))
+    assert plan.microbatches == 16 // (2 * 2)
+
+
+def test_chunks_hold_embedding_first_and_head_last():
+    plan = execution_plan(scenario(), 8)
+    assert plan.chunks == ((0, 2), (2, 4))
+    # pipeline_layers() = [embedding, block0..3, head]
+    assert plan.layers_of(0) == (0, 1, 2) and plan.layers_of(1) == (3, 4, 5)
+
+
+def test_interleaved_rank_holds_every_pth_chunk():
+    s = scenario(parallel__schedule="interleaved-1f1b", parallel__virtual_stages=2,
+                 parallel__tensor=1, cluster__gpus=4)
+    plan = execution_plan(s, 4)
+    assert plan.chunks == even_chunks(4, 4) == ((0, 1), (1, 2), (2, 3), (3, 4))
+    assert plan.stages_of(0) == (0, 2) and plan.stages_of(1) == (1, 3)
+    assert plan.layers_of(3) == (4, 5)
+
+
+@pytest.mark.parametrize("data, zero, schedule, mode, noted", [
+    (1, 3, "1f1b", "none", False),
+    (2, 0, "1f1b", "all-reduce", False),
+    (2, 1, "1f1b", "fsdp", True),
+    (2, 2, "1f1b", "fsdp", False),
+    (2, 3, "1f1b", "fsdp-reshard", False),
+    (2, 3, "zero-bubble", "fsdp", True),
+])
+def test_data_parallel_mode_per_zero_stage(data, zero, schedule, mode, noted):
+    s = scenario(parallel__data=data, parallel__zero=zero, parallel__schedule=schedule,
+                 cluster__gpus=4 * data)
+    plan = execution_plan(s, 4 * data)
+    assert plan.data_parallel == mode and bool(plan.notes()) == noted
+    assert plan.to_dict()["data_parallel"] == mode
+
+
+def test_explicit_stages_are_used():
+    s = scenario(parallel__stages=[[0, 1], [1, 4]])
+    assert execution_plan(s, 8).chunks == ((0, 1), (1, 4))
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"parallel__context": 2, "cluster__gpus": 16}, "does not execute context parallelism"),
+    ({"parallel__sequence_parallel": True}, "without sequence parallelism"),
+    ({"training__precision": "fp16"}, "executes fp32, tf32, bf16"),
+    ({"model__kv_heads": 1}, "must divide model.kv_heads (1)"),
+    ({"training__global_batch": 4}, "1f1b needs micro-batches per replica (1) >= pipeline (2)"),
+    ({"parallel__stages": [[0, 2], [2, 5]]}, "ends at layer 5, but the model has 4 layers"),
+])
+def test_plans_the_executor_cannot_run(changes, message):
+    with pytest.raises(PartitaError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        execution_plan(scenario(**changes), scenario(**changes).parallel.gpus)
+
+
+def test_degrees_must_match_processes():
+    with pytest.raises(PartitaError, match="= 8, but cluster has 4 GPUs"):
+        execution_plan(scenario(), 4)
+
+
+def test_synthetic_stream_is_a_function_of_the_sample_index():
+    spec = DataSpec("gpt", seq_len=16, vocab=128, seed=3)
+    whole = TokenStream(spec).batch(32, 16)
+    parts = [TokenStream(spec).batch(*replica_samples(2, 16, 2, d)) for d in range(2)]
+    assert np.array_equal(np.concatenate([p[0] for p in parts]), whole[0])
+    ids, targets = whole
+    assert ids.shape == (16, 16) and np.array_equal(ids[:, 1:], targets[:, :-1])
+    assert not np.array_equal(TokenStream(DataSpec("gpt", 16, 128, seed=4)).batch(32, 16)[0], ids)
+
+
+def test_t5_and_bert_examples_follow_the_models_conventions():
+    ids, targets = TokenStream(DataSpec("t5", seq_len=8, vocab=50)).batch(0, 2)
+    assert ids.shape == (2, 16) and targets.shape == (2, 8)
+    assert (ids[:, 8] == 0).all() and np.array_equal(ids[:, 9:], targets[:, :-1])
+    ids, targets = TokenStream(DataSpec("bert", seq_len=64, vocab=50)).batch(0, 4)
+    changed = (ids != targets).mean()
+    assert ids.shape == targets.shape == (4, 64) and 0.03 < changed < 0.25
+
+
+def test_token_files_bin_and_npy(tmp_path):
+    tokens = np.arange(200, dtype=np.uint16) % 100
+    tokens.tofile(tmp_path / "t.bin")
+    np.save(tmp_path / "t.npy", tokens.astype(np.int32))
+    for name in ("t.bin", "t.npy"):
+        spec = DataSpec("llama", seq_len=16, vocab=100, path=str(tmp_path / name))
+        assert check_token_file(spec) == 200
+        ids, targets = TokenStream(spec).batch(1, 2)
+        assert ids[0].tolist() == list(range(16, 32)) and targets[1].tolist() == list(range(33, 49))
+
+
+def _write(path, data):
+    if isinstance(data, bytes):
+        path.write_bytes(data)
+    elif path.suffix == ".npy":
+        np.save(path, data)
+    else:
+        data.tofile(path)
+    return path
+
+
+@pytest.mark.parametrize("name, data, message", [
+    ("missing.bin", None, "no such file"),
+    ("tokens.txt", b"1 2 3", "unknown token file type '.txt'"),
+    ("tokens.bin", b"\x01\x00\x02", "3 bytes is not a whole number of uint16 tokens"),
+    ("tokens.bin", np.arange(10, dtype=np.uint16), "10 tokens, fewer than one gpt sample needs"),
+    ("tokens.bin", np.arange(100, dtype=np.uint16) + 60, r"token ids span \[60, 159\]"),
+    ("tokens.npy", np.zeros((4, 40), dtype=np.int64), "expected a 1-D integer array"),
+])
+def test_bad_token_files(tmp_path, name, data, message):
+    path = tmp_path / name if data is None else _write(tmp_path / name, data)
+    with pytest.raises(PartitaError, match=message):
+        check_token_file(DataSpec("gpt", seq_len=16, vocab=128, path=str(path)))
+
+
+def test_tied_embedding_across_stages_is_one_group():
+    from planner.models import build_model
+    plan = execution_plan(scenario(), 8)
+    model = build_model(scenario().model.resolve(), device="meta")
+    assert tied_groups(model, plan)[0].names == ("embedding.tok.weight", "head.lm_head.weight")
+    assert tied_groups(model, plan)[0].stages == (0, 1)
+    llama = scenario(model__arch="llama", model__ffn_hidden=64)
+    assert tied_groups(build_model(llama.model.resolve(), device="meta"),
+                       execution_plan(llama, 8)) == []
+
+
+def test_chunks_of_one_rank_get_their_own_copy_of_a_tied_weight():
+    s = scenario(parallel__tensor=1, parallel__pipeline=1, parallel__data=1, cluster__gpus=1,
+                 parallel__schedule="interleaved-1f1b", parallel__virtual_stages=2)
+    plan = execution_plan(s, 1)
+    chunks, groups, _ = build_chunks(plan, s.model.resolve(), plan.stages_of(0),
+                                     torch.device("cpu"), seed=0)
+    emb = chunks[0].layers[0].tok.weight
+    head = chunks[1].layers[-1].lm_head.weight
+    assert emb is not head and torch.equal(emb, head)
+    assert groups[0].stages == (0, 1)
+    assert chunks[1].model_name("layers.2.lm_head.weight") == "head.lm_head.weight"
+
+
+def test_chunks_chain_to_the_whole_model():
+    from planner.models import build_model
+    s = scenario(parallel__tensor=1, parallel__data=1, cluster__gpus=2)
+    plan = execution_plan(s, 2)
+    chunks = [build_chunks(plan, s.model.resolve(), (st,), torch.device("cpu"), seed=5)[0][0]
+              for st in range(2)]
+    model = build_model(s.model.resolve(), seed=5)
+    ids = torch.randint(0, 128, (2, 16))
+    torch.testing.assert_close(chunks[1](chunks[0](ids)), model(ids), rtol=0, atol=0)
