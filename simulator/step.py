@@ -22,7 +22,7 @@ from simulator.context import StepContext, resolve
 from simulator.dataparallel import dp_finish_times, optimizer_time
 from simulator.memory import pipeline_memory
 from simulator.network import build_topology
-from simulator.overheads import load_overheads
+from simulator.overheads import Overheads, load_overheads
 from simulator.pipeline import PipelineCosts, simulate_pipeline
 from simulator.result import SimResult, Span
 from simulator.stagecosts import chunk_costs, p2p_costs
@@ -34,7 +34,12 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
              overheads=None) -> SimResult:
     ctx = resolve(scenario, catalog)
     cal = calibration if calibration is not None else load_calibration()
-    oh = overheads if overheads is not None else load_overheads()
+    if overheads is not None:
+        oh = overheads
+    elif ctx.system.kind == "local":
+        oh = Overheads()        # `partita calibrate` measured this machine as the executor runs it
+    else:
+        oh = load_overheads()
     topo = build_topology(ctx.system, cal)
     chunks = chunk_costs(ctx, topo, cal, oh)
     act, grad, same = p2p_costs(ctx, topo)
