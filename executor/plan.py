@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from planner.errors import PartitaError
 from planner.scenario import Scenario, check_plan
+from planner.stages import chunk_ranges
 
 # torch.distributed.pipelining schedule class for each scenario schedule name.
 TORCH_SCHEDULES = {
@@ -119,12 +120,6 @@ class ExecPlan:
                 "optimizer": self.optimizer}
 
 
-def even_chunks(blocks: int, chunks: int) -> tuple[tuple[int, int], ...]:
-    """`blocks` split into `chunks` contiguous ranges of equal size (check_plan ensures it divides)."""
-    size = blocks // chunks
-    return tuple((i * size, (i + 1) * size) for i in range(chunks))
-
-
 def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
     """The per-rank plan of `scenario` on `gpus` processes; PartitaError if it cannot run."""
     where = f"{scenario.origin}: " if scenario.origin else ""
@@ -139,8 +134,7 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
                            "and loss of planner.models")
     check_plan(scenario, gpus, dims)
     _check_executable(scenario, dims, where)
-    chunks = p.stages if p.stages is not None else even_chunks(dims.total_layers,
-                                                              p.pipeline * p.virtual_stages)
+    chunks = tuple(tuple(c) for c in chunk_ranges(dims.total_layers, p))   # the simulator's split
     return ExecPlan(
         name=scenario.name, arch=dims.arch, world=gpus, tensor=p.tensor, pipeline=p.pipeline,
         data=p.data, schedule=p.schedule, virtual_stages=p.virtual_stages, chunks=tuple(chunks),
