@@ -42,7 +42,8 @@ def overheads(x) -> Overheads:
     by_family = dict(zip(FAMILIES, fracs))
     by_family["h200"] = by_family["h100"]          # same GH100 chip and clocks
     default = float(np.median(fracs))
-    return Overheads(default, by_family, max(0.0, float(x[3])) * 1e-6, max(0.0, float(x[4])))
+    return Overheads(default, by_family, max(0.0, float(x[3])) * 1e-6, max(0.0, float(x[4])),
+                     float(np.clip(x[5], 0.3, 1.0)))
 
 
 def errors(x, rows, catalog):
@@ -65,16 +66,17 @@ def main() -> int:
         return sum(DELTA ** 2 * (math.sqrt(1 + (math.log1p(e) / DELTA) ** 2) - 1)
                    for e in errs.values()) / len(errs)
 
-    start = np.array([1.0, 1.0, 1.0, 0.0, 0.0])
-    simplex = [start] + [start + step for step in np.diag([-0.2, -0.2, -0.2, 100.0, 0.2])]
+    start = np.array([1.0, 1.0, 1.0, 0.0, 0.0, 1.0])
+    simplex = [start] + [start + step for step in np.diag([-0.2, -0.2, -0.2, 100.0, 0.2, -0.2])]
     res = minimize(objective, start, method="Nelder-Mead",
-                   options={"xatol": 1e-3, "fatol": 1e-4, "maxfev": 400, "initial_simplex": simplex})
+                   options={"xatol": 1e-3, "fatol": 1e-4, "maxfev": 500, "initial_simplex": simplex})
     best = overheads(res.x)
     print(f"fitted in {time.time() - t0:.0f} s ({res.nfev} evaluations of {len(fit_rows)} fit rows)")
     for family in FAMILIES:
         print(f"  sustained_matmul_fraction {family} {best.sustained(family):.3f}")
     print(f"  block_overhead_us         {best.block_overhead_s * 1e6:.1f}")
     print(f"  step_overhead_s           {best.step_overhead_s:.3f}")
+    print(f"  fp8_matmul_fraction       {best.fp8_matmul_fraction:.3f}")
     all_errs = errors(res.x, None, catalog)
     for group in ("fit", "holdout"):
         vals = [e for rid, e in all_errs.items() if (rid in split.fit) == (group == "fit")]
@@ -86,7 +88,9 @@ def main() -> int:
         values = [(rf"^  {f}: [0-9.]+", f"  {f}: {best.sustained(f):.3f}") for f in FAMILIES]
         values += [(r"^  default: [0-9.]+", f"  default: {best.sustained_default:.3f}"),
                    (r"^block_overhead_us: [0-9.]+", f"block_overhead_us: {best.block_overhead_s * 1e6:.1f}"),
-                   (r"^step_overhead_s: [0-9.]+", f"step_overhead_s: {best.step_overhead_s:.3f}")]
+                   (r"^step_overhead_s: [0-9.]+", f"step_overhead_s: {best.step_overhead_s:.3f}"),
+                   (r"^fp8_matmul_fraction: [0-9.]+",
+                    f"fp8_matmul_fraction: {best.fp8_matmul_fraction:.3f}")]
         for pattern, value in values:
             text = re.sub(pattern, value, text, flags=re.M)
         TRAINING_FILE.write_text(text)

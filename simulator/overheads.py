@@ -5,7 +5,9 @@ Fitted end to end by benchmarks/fit_overheads.py on the fit rows of the validati
   (sustained clocks under full power differ by generation: a 700 W H100 throttles further below
   its boost clock than a 400 W A100), with a default for GPUs the fit rows do not cover;
 - a fixed cost per transformer block per micro-batch (kernel launches, small kernels);
-- a fixed cost per optimizer step (data loading, logging, host synchronisation).
+- a fixed cost per optimizer step (data loading, logging, host synchronisation);
+- for fp8 training, the further fraction its GEMMs sustain (Transformer Engine's quantisation
+  casts and transposes around every GEMM, amax bookkeeping); attention stays 16-bit.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ from planner.documents import Checker, load_document
 from planner.paths import CALIBRATION_DIR
 
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
-KEYS = ("sustained_matmul_fraction", "block_overhead_us", "step_overhead_s", "source")
+KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "block_overhead_us", "step_overhead_s",
+        "source")
 FAMILIES = ("default", "v100", "a100", "h100", "h200")
 
 
@@ -27,6 +30,8 @@ class Overheads:
     sustained_by_family: dict[str, float] = field(default_factory=dict, hash=False)
     block_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
+    fp8_matmul_fraction: float = 1.0   # fp8 GEMMs sustain this much of their own sweep on top
+                                       # (quantisation casts and transposes, scaling, clocks)
 
     def sustained(self, gpu_name: str) -> float:
         """The sustained matmul fraction for a catalog GPU name (its family is the name's prefix)."""
@@ -52,8 +57,11 @@ def _load(path: str, mtime: int) -> Overheads:
                 default = value
             else:
                 families[key] = value
+    fp8 = c.number("fp8_matmul_fraction", 1.0)
+    if fp8 > 1.0:
+        raise c.error(f"must be in (0, 1], got {fp8}", "fp8_matmul_fraction")
     return Overheads(default, families, c.number("block_overhead_us", 0.0, positive=False) * 1e-6,
-                     c.number("step_overhead_s", 0.0, positive=False))
+                     c.number("step_overhead_s", 0.0, positive=False), fp8)
 
 
 def load_overheads(path: str | Path = TRAINING_FILE) -> Overheads:

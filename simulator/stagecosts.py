@@ -49,17 +49,16 @@ def _add(parts: dict[str, float], key: str, value: float) -> None:
         parts[key] = parts.get(key, 0.0) + value
 
 
-MATMUL_PARTS_F = ("gemm_fwd", "attention_fwd")
-MATMUL_PARTS_B = ("gemm_bwd_input", "gemm_bwd_weight", "attention_bwd")
-
-
-def sustained(lt: LayerTimes, oh: Overheads, gpu_name: str, per_layer_s: float = 0.0) -> LayerTimes:
+def sustained(lt: LayerTimes, oh: Overheads, gpu_name: str, precision: str,
+              per_layer_s: float = 0.0) -> LayerTimes:
     """A layer's times with matmul work at the sustained fraction and a fixed per-layer cost."""
-    slow = 1.0 / oh.sustained(gpu_name) - 1.0
-    extra_f = slow * sum(lt.parts.get(k, 0.0) for k in MATMUL_PARTS_F) + per_layer_s
-    extra_i = slow * sum(lt.parts.get(k, 0.0) for k in ("gemm_bwd_input", "attention_bwd"))
-    extra_w = slow * lt.parts.get("gemm_bwd_weight", 0.0) + per_layer_s
-    extra_i += per_layer_s
+    frac = oh.sustained(gpu_name)
+    slow = 1.0 / frac - 1.0                                            # attention (16-bit)
+    slow_g = 1.0 / (frac * (oh.fp8_matmul_fraction if precision == "fp8" else 1.0)) - 1.0
+    p = lt.parts.get
+    extra_f = slow_g * p("gemm_fwd", 0.0) + slow * p("attention_fwd", 0.0) + per_layer_s
+    extra_i = slow_g * p("gemm_bwd_input", 0.0) + slow * p("attention_bwd", 0.0) + per_layer_s
+    extra_w = slow_g * p("gemm_bwd_weight", 0.0) + per_layer_s
     if lt.recompute_s and lt.recompute_s >= lt.fwd_s * (1 - 1e-12):
         recompute = lt.fwd_s + extra_f                      # full: the whole forward again
     else:
@@ -74,7 +73,7 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                                  t.precision, t.recompute, gpu, cal, decoder=decoder,
                                  attention=t.attention)
-    lt = sustained(lt, oh, gpu.name, oh.block_overhead_s)
+    lt = sustained(lt, oh, gpu.name, t.precision, oh.block_overhead_s)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
     _add(parts, "compute", compute_f + compute_b)
@@ -137,7 +136,7 @@ def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads) -> list[Ch
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
     head = sustained(head_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
-                                t.precision, gpu, cal), oh, gpu.name)
+                                t.precision, gpu, cal), oh, gpu.name, t.precision)
     ranges = chunk_ranges(d.total_layers, p)
     out = []
     for i, (a, b) in enumerate(ranges):
