@@ -291,7 +291,7 @@ def _dims_or_none(s: Scenario) -> TransformerDims | None:
 def _check_dims(d: TransformerDims, p: ParallelSpec, fail) -> None:
     chunks = p.pipeline * p.virtual_stages
     if p.stages is not None:
-        _check_stages(p.stages, chunks, d.total_layers, fail)
+        check_stages(p.stages, chunks, d.total_layers, fail)
     elif d.total_layers % chunks and p.pipeline > 1:
         raise fail(f"model has {d.total_layers} layers, not divisible by pipeline*virtual_stages "
                    f"({p.pipeline}*{p.virtual_stages} = {chunks}); give parallel.stages explicitly")
@@ -311,7 +311,7 @@ def _check_dims(d: TransformerDims, p: ParallelSpec, fail) -> None:
                    f"divisible by parallel.tensor ({p.tensor})")
 
 
-def _check_stages(stages, chunks: int, layers: int, fail) -> None:
+def check_stages(stages, chunks: int, layers: int, fail) -> None:
     if len(stages) != chunks:
         raise fail(f"parallel.stages has {len(stages)} ranges, expected pipeline*virtual_stages = {chunks}")
     expect = 0

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from planner.errors import PartitaError
 from planner.hardware import System
 from planner.modelspec import TransformerDims
+from planner.profile import ModelProfile
 from planner.scenario import ParallelSpec, Scenario, TrainingSpec, check_plan
 from simulator.placement import Placement
 
@@ -19,11 +20,16 @@ class StepContext:
     scenario: Scenario
     system: System
     gpus: int
-    dims: TransformerDims
+    dims: TransformerDims | None          # None for a `model.module` model: see `profile`
     parallel: ParallelSpec
     training: TrainingSpec
     microbatches: int
     placement: Placement
+    profile: ModelProfile | None = None   # the meta-device profile of a `model.module` model
+
+    @property
+    def seq_len(self) -> int:
+        return self.dims.seq_len if self.dims is not None else self.profile.seq_len
 
     @property
     def nodes(self) -> int:
@@ -41,14 +47,16 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
         raise PartitaError(f"{where}cluster.gpus ({gpus}) must fill whole {system.name} nodes "
                            f"of {system.gpus_per_node} GPUs (or be at most one node)")
     dims = scenario.model.resolve()
-    if dims is None:
-        raise PartitaError(f"{where}model.module: the simulator needs transformer dims, a preset or "
-                           "an hf_config; profile arbitrary modules with `partita profile`")
     check_plan(scenario, gpus, dims)
+    profile = None
+    if dims is None:                      # a torch module: cost it from its meta-device profile
+        from simulator import profiled
+        profile = profiled.load_profile(scenario)
+        profiled.check(scenario, profile)
     system.gpu.peak(scenario.training.precision)     # precision supported by this GPU?
     p = scenario.parallel
     placement = Placement(p.tensor, p.context, p.data, p.pipeline,
                           min(system.gpus_per_node, gpus))
     return StepContext(scenario=scenario, system=system, gpus=gpus, dims=dims, parallel=p,
                        training=scenario.training, microbatches=scenario.microbatches(),
-                       placement=placement)
+                       placement=placement, profile=profile)

@@ -30,6 +30,9 @@ SGD_BYTES_PER_PARAM = 22.0
 
 def chunk_parameters(dims: TransformerDims, ctx: StepContext) -> list[float]:
     """Parameters of each model chunk on one TP rank (embedding with chunk 0, head with the last)."""
+    if ctx.profile is not None:
+        from simulator import profiled
+        return profiled.chunk_parameters(ctx)
     p = ctx.parallel
     ranges = chunk_ranges(dims.total_layers, p)
     word, replicated = embedding_parameters(dims)

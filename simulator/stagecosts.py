@@ -129,6 +129,9 @@ def _fsdp(ctx: StepContext, topo: Topology, decoder: bool, fwd: float, bwd: floa
 
 
 def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads) -> list[ChunkCost]:
+    if ctx.profile is not None:
+        from simulator import profiled
+        return profiled.chunk_costs(ctx, cal, oh)
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     enc = block_cost(ctx, topo, cal, oh, decoder=False)
     dec = block_cost(ctx, topo, cal, oh, decoder=True) if d.arch == "t5" else None
@@ -161,6 +164,9 @@ def boundary_bytes(ctx: StepContext, chunk: int) -> float:
     """Bytes of the activation passed from chunk `chunk` to the next (the gradient is the same
     size). Megatron splits it over the TP ranks (scatter-gather; Narayanan et al. 2021, Sec. 4.1);
     a t5 decoder chunk also carries the encoder output."""
+    if ctx.profile is not None:
+        from simulator import profiled
+        return profiled.boundary_bytes(ctx, chunk)
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     e = element_bytes(t.precision)
     nbytes = e * t.micro_batch * d.seq_len / p.context * d.hidden / p.tensor

@@ -61,8 +61,12 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     critical = max(range(p.pipeline), key=lambda r: (dp_end[r], -r))
     step = dp_end[critical] + opt_s + overhead_s
     inflight = [float(x) / max(1, p.virtual_stages) for x in _inflight(timeline, p)]
-    mem = pipeline_memory(ctx.dims, ctx.training, p, cal, microbatches=ctx.microbatches,
-                          inflight=inflight, flash_attention=ctx.training.attention == "flash")
+    if ctx.profile is not None:
+        from simulator import profiled
+        mem = profiled.pipeline_memory(ctx, cal, inflight)
+    else:
+        mem = pipeline_memory(ctx.dims, ctx.training, p, cal, microbatches=ctx.microbatches,
+                              inflight=inflight, flash_attention=ctx.training.attention == "flash")
     peak_rank = max(range(len(mem)), key=lambda r: (_total(mem[r]), -r))
     breakdown = _breakdown(ctx, chunks, timeline, critical, rank_compute_end, dp_end, opt_s,
                            critical_p2p)
@@ -113,10 +117,14 @@ def _spans(timeline, dp_spans, opt_s: float, dp_end, pipeline: int) -> tuple[Spa
 
 
 def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak_rank) -> SimResult:
-    t, d = ctx.training, ctx.dims
+    t = ctx.training
     gpu = ctx.system.gpu
-    tokens = t.global_batch * d.seq_len
-    model_flops = model_flops_per_step(d, t.global_batch)
+    tokens = t.global_batch * ctx.seq_len
+    if ctx.profile is not None:
+        from simulator import profiled
+        model_flops = profiled.model_flops_per_step(ctx)
+    else:
+        model_flops = model_flops_per_step(ctx.dims, t.global_batch)
     per_gpu = model_flops / step / ctx.gpus
     price = ctx.system.price.best_usd_per_hour
     nodes = -(-ctx.gpus // ctx.system.gpus_per_node)

@@ -1,0 +1,112 @@
+"""Costs of a model given only as a torch module (`model: {module: ...}`), from its profile.
+
+Without transformer dimensions there are no GEMM shapes, tensor-parallel splits or attention
+kernels to model. Each layer of the meta-device profile (planner.profiler) is costed as its matmul
+FLOPs at the GPU's matmul efficiency for one GEMM of that ideal time, times the sustained fraction,
+plus its saved and passed activation bytes moved at memory bandwidth; the backward does twice the
+forward's matmul work (Narayanan et al. 2021, Sec. 3.4) and twice its memory traffic. Tensor,
+context and sequence parallelism and ZeRO-3 need a transformer model and are refused.
+"""
+from __future__ import annotations
+
+from planner.errors import PartitaError
+from planner.profile import ModelProfile
+from planner.scenario import check_stages
+from planner.stages import chunk_ranges
+from simulator.memory import MemoryEstimate, bytes_per_parameter
+
+ELEMENTWISE_PASSES = 2.0        # the saved activations are written once and read once
+
+
+def load_profile(scenario) -> ModelProfile:
+    """The meta-device profile of the scenario's module at its micro-batch and precision."""
+    from planner.profiler import profile_module          # torch, only for module models
+    m, t = scenario.model, scenario.training
+    return profile_module(m, micro_batch=t.micro_batch, seq_len=m.seq_len, precision=t.precision,
+                          vocab=m.vocab)
+
+
+def check(scenario, profile: ModelProfile) -> None:
+    p = scenario.parallel
+    where = f"{scenario.origin}: " if scenario.origin else ""
+    for key, value in (("tensor", p.tensor), ("context", p.context)):
+        if value > 1:
+            raise PartitaError(f"{where}parallel.{key} = {value}: a model given as model.module has "
+                               "no known layer structure to split; give transformer dims, a preset "
+                               "or an hf_config, or set it to 1")
+    if p.sequence_parallel or p.zero >= 3:
+        raise PartitaError(f"{where}parallel: sequence_parallel and zero 3 need a transformer model "
+                           "(dims, preset or hf_config), not model.module")
+    layers, chunks = len(profile.layers), p.pipeline * p.virtual_stages
+    if chunks > layers:
+        raise PartitaError(f"{where}pipeline*virtual_stages ({chunks}) exceeds the module's "
+                           f"{layers} profiled layers ({', '.join(l.name for l in profile.layers)})")
+    if p.stages is not None:
+        check_stages(p.stages, chunks, layers, lambda msg: PartitaError(
+            f"{where}{msg} (the module's profiled layers: {', '.join(l.name for l in profile.layers)})"))
+
+
+def _layer_times(layer, ctx, cal, oh) -> tuple[float, float, float]:
+    gpu, precision = ctx.system.gpu, ctx.training.precision
+    g = cal.gpu(gpu.name)
+    peak = gpu.peak(precision)
+    frac = oh.sustained(gpu.name)
+    ideal = layer.matmul_flops / peak
+    matmul = ideal / (g.matmul_efficiency(precision, ideal, gpu.peak_is_measured(precision)) * frac) \
+        if ideal > 0 else 0.0
+    nbytes = ELEMENTWISE_PASSES * (layer.activation_bytes + layer.output_bytes)
+    memory = nbytes / (gpu.memory_bandwidth_bytes_per_s * g.memory_efficiency(nbytes)) if nbytes else 0.0
+    fwd = max(matmul + memory, g.kernel_floor_s)
+    return fwd, 2.0 * matmul + 2.0 * memory, matmul      # forward, backward, weight-gradient part
+
+
+def chunk_costs(ctx, cal, oh) -> list:
+    from simulator.stagecosts import ChunkCost
+    layers = ctx.profile.layers
+    out = []
+    for a, b in chunk_ranges(len(layers), ctx.parallel):
+        f = bw = w = 0.0
+        for layer in layers[a:b]:
+            lf, lb, lw = _layer_times(layer, ctx, cal, oh)
+            f, bw, w = f + lf, bw + lb, w + lw
+        recompute = f if ctx.training.recompute == "full" else 0.0
+        parts = {"compute": f + bw}
+        if recompute:
+            parts["recompute"] = recompute
+        out.append(ChunkCost(f, bw + recompute, w, parts))
+    return out
+
+
+def boundary_bytes(ctx, chunk: int) -> float:
+    a, b = chunk_ranges(len(ctx.profile.layers), ctx.parallel)[chunk]
+    return float(ctx.profile.layers[b - 1].output_bytes)
+
+
+def chunk_parameters(ctx) -> list[float]:
+    layers = ctx.profile.layers
+    return [float(sum(l.params for l in layers[a:b]))
+            for a, b in chunk_ranges(len(layers), ctx.parallel)]
+
+
+def pipeline_memory(ctx, cal, inflight) -> tuple[MemoryEstimate, ...]:
+    p, t = ctx.parallel, ctx.training
+    layers = ctx.profile.layers
+    ranges = chunk_ranges(len(layers), p)
+    w, g, o = bytes_per_parameter(t.precision, t.optimizer, p.zero, p.data)
+    out = []
+    for rank in range(p.pipeline):
+        mine = [l for c in range(rank, len(ranges), p.pipeline)
+                for l in layers[ranges[c][0]:ranges[c][1]]]
+        params = sum(l.params for l in mine)
+        kept = "output_bytes" if t.recompute == "full" else "activation_bytes"
+        activations = sum(getattr(l, kept) for l in mine) * inflight[rank]
+        allocated = params * (w + g + o) + activations
+        reserve = cal.memory.reserve_bytes(allocated)
+        out.append(MemoryEstimate(params * w, params * g, params * o, activations, reserve,
+                                  {"framework_reserve": reserve}))
+    return tuple(out)
+
+
+def model_flops_per_step(ctx) -> float:
+    t = ctx.training
+    return ctx.profile.total_flops * t.global_batch / t.micro_batch
