@@ -1,0 +1,23 @@
+"""Imports point one way, and only the profiler, the torch models and the executor need torch."""
+import subprocess
+import sys
+
+TORCH_FREE = ["planner.scenario", "planner.catalog", "planner.costmodel", "planner.schedule",
+              "simulator.step", "simulator.validation", "simulator.trace", "executor.plan",
+              "executor.launch", "partita.cli"]
+
+
+def test_no_torch_at_import_time():
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in TORCH_FREE)
+            + "from partita.cli import build_parser\nbuild_parser()\n"
+            + "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_planner_does_not_import_the_simulator():
+    code = ("import sys\nimport planner.scenario, planner.catalog, planner.costmodel, planner.schedule, "
+            "planner.stages\nprint(any(m.startswith(('simulator', 'executor', 'reports')) "
+            "for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
