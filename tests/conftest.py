@@ -5,7 +5,16 @@ comparing against them; golden files change only that way, on purpose, and the d
 """
 from __future__ import annotations
 
+import os
+import tempfile
+
 import pytest
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Tests never read or write the user's own ~/.partita (the `local` calibration) or catalog."""
+    os.environ["PARTITA_HOME"] = tempfile.mkdtemp(prefix="partita-test-home-")
+    os.environ.pop("PARTITA_CATALOG", None)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
