@@ -87,6 +87,12 @@ def test_round_trip_to_dict():
     ({"model__seq_len": _DELETE}, "model.seq_len: missing required key"),
     ({"training": _DELETE}, "training: missing required section"),
     ({"parallel__sequence_parallel": "yes"}, "parallel.sequence_parallel: expected true or false"),
+    ({"training__attention": "flashy"}, "training.attention: expected one of flash, unfused"),
+    ({"parallel__grad_reduce": "herring"}, "parallel.grad_reduce: expected one of auto, ring, tree"),
+    ({"parallel__tp_comm_overlap": 1}, "parallel.tp_comm_overlap: expected true or false"),
+    ({"parallel__overlap_param_gather": "no"}, "parallel.overlap_param_gather: expected true or false"),
+    ({"cluster__intra_node_gbps": -5}, "cluster.intra_node_gbps: must be > 0, got -5"),
+    ({"cluster__inter_node_gbps": "fast"}, "cluster.inter_node_gbps: expected a number, got 'fast'"),
 ])
 def test_bad_documents_name_the_key(changes, message):
     with pytest.raises(PartitaError) as err:

@@ -152,3 +152,17 @@ def test_shipped_examples_simulate():
     for name in ("gpt3-175b-a100", "llama2-70b-h100", "t5-3b-p4d", "gpt2-xl-p3"):
         r = simulate(load_scenario(name), catalog)
         assert r.fits_in_memory, name
+
+
+@pytest.mark.parametrize("text, message", [
+    ("sustained_matmul_fraction: {a100: 1.5}\n", "sustained_matmul_fraction.a100: must be in (0, 1], got 1.5"),
+    ("sustained_matmul_fraction: {tpu: 0.5}\n", "unknown key"),
+    ("step_overhead: 0.1\n", "step_overhead: unknown key; did you mean 'step_overhead_s'?"),
+])
+def test_bad_overheads_file_names_the_key(tmp_path, text, message):
+    from planner.errors import PartitaError
+    from simulator.overheads import load_overheads
+    path = tmp_path / "training.yaml"
+    path.write_text(text)
+    with pytest.raises(PartitaError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_overheads(path)
