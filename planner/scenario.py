@@ -26,8 +26,10 @@ DIM_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_
             "decoder_layers", "head_dim", "max_positions", "tie_embeddings", "name")
 MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
-TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention")
+TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
+                 "framework")
 ATTENTION = ("flash", "unfused")
+FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap")
@@ -51,6 +53,7 @@ class TrainingSpec:
     recompute: str = "none"
     optimizer: str = "adam"
     attention: str = "flash"        # flash (fused, scores never stored) | unfused (stored scores)
+    framework: str = "megatron"     # megatron (Megatron-LM/-Core, NeMo) | deepspeed | fsdp (torch FSDP)
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class Scenario:
                            "precision": t.precision, "recompute": t.recompute, "optimizer": t.optimizer}
         if t.attention != "flash":
             out["training"]["attention"] = t.attention
+        if t.framework != "megatron":
+            out["training"]["framework"] = t.framework
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -216,7 +221,8 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         precision=c.choice("precision", PRECISIONS, "bf16"),
                         recompute=c.choice("recompute", RECOMPUTE, "none"),
                         optimizer=c.choice("optimizer", OPTIMIZERS, "adam"),
-                        attention=c.choice("attention", ATTENTION, "flash"))
+                        attention=c.choice("attention", ATTENTION, "flash"),
+                        framework=c.choice("framework", FRAMEWORKS, "megatron"))
 
 
 def _parse_parallel(c: Checker) -> ParallelSpec:

@@ -4,7 +4,7 @@ Gradients of a model chunk are ready bucket by bucket while its last micro-batch
 (PyTorch DDP and Megatron-LM both launch a bucket's reduction as soon as it fills; Li et al. 2020
 "PyTorch Distributed", Sec. 3.2.3). A rank's reductions share its network lane, one after the
 other; only the last bucket of the rank's last chunk cannot overlap at all. Algorithms:
-- zero 0: all-reduce of fp32 main gradients (ring, tree, hierarchical or parameter server).
+- zero 0: all-reduce of the gradients (fp16 as they are, fp32 for bf16: `grad_bytes`) (ring, tree, hierarchical or parameter server).
 - zero 1 / 2 (Megatron distributed optimizer, DeepSpeed ZeRO-1/2): reduce-scatter of gradients,
   then after the update an all-gather of the 16-bit parameters, hidden behind the next step's
   forward when `overlap_param_gather` (Megatron-Core `--overlap-param-gather`).
@@ -20,12 +20,19 @@ from simulator.memory import block_parameters, embedding_parameters, head_parame
 from simulator.network import Group, Topology, collective
 from simulator.result import Span
 
-GRAD_BYTES = 4                   # Megatron-LM reduces fp32 main grads (accumulate-allreduce-grads-in-fp32)
 BUCKET_PARAMS = 40_000_000       # Megatron-Core DDP default bucket size (elements)
 # Adam touches per parameter: read fp32 master, grad, m, v; write master, m, v, 16-bit copy;
 # plus one read of the grads for the global norm (clipping): 4*4 + 3*4 + 2 + 4 bytes.
 ADAM_BYTES_PER_PARAM = 34.0
 SGD_BYTES_PER_PARAM = 22.0
+
+
+def grad_bytes(precision: str) -> int:
+    """Bytes per gradient element in the data-parallel reduction. Megatron-LM reduces fp16
+    gradients as they are (`--accumulate-allreduce-grads-in-fp32` defaults off) but forces fp32
+    accumulation and reduction for bf16 (megatron/training/arguments.py: "bfloat16 requires
+    gradient accumulation and all-reduce to be done in fp32"); fp8 trains on bf16 weights."""
+    return 2 if precision == "fp16" else 4
 
 
 def chunk_parameters(dims: TransformerDims, ctx: StepContext) -> list[float]:
@@ -63,10 +70,11 @@ def reduction_time(ctx: StepContext, topo: Topology, params: float) -> float:
     if p.data <= 1 or p.zero >= 3 or params <= 0:
         return 0.0
     group = _dp_group(ctx)
+    nbytes = params * grad_bytes(ctx.training.precision)
     if p.zero == 0:
-        return collective("allreduce", p.grad_reduce, params * GRAD_BYTES, group, topo)
+        return collective("allreduce", p.grad_reduce, nbytes, group, topo)
     # A sharded optimizer reduce-scatters: NCCL runs it as a ring whatever grad_reduce says.
-    return collective("reduce_scatter", "ring", params * GRAD_BYTES, group, topo)
+    return collective("reduce_scatter", "ring", nbytes, group, topo)
 
 
 def param_gather_time(ctx: StepContext, topo: Topology, params: float) -> float:

@@ -7,7 +7,11 @@ Fitted end to end by benchmarks/fit_overheads.py on the fit rows of the validati
 - a fixed cost per transformer block per micro-batch (kernel launches, small kernels);
 - a fixed cost per optimizer step (data loading, logging, host synchronisation);
 - for fp8 training, the further fraction its GEMMs sustain (Transformer Engine's quantisation
-  casts and transposes around every GEMM, amax bookkeeping); attention stays 16-bit.
+  casts and transposes around every GEMM, amax bookkeeping); attention stays 16-bit;
+- the fraction of its kernel benchmark a fused attention kernel sustains in training;
+- per training framework (`training.framework`), the fraction of Megatron-LM's kernel throughput
+  it sustains (fused kernels, Python-driven schedules), and the fraction of the modelled
+  bandwidth its ZeRO-3 parameter gathers and gradient scatters reach.
 """
 from __future__ import annotations
 
@@ -20,8 +24,9 @@ from planner.paths import CALIBRATION_DIR
 
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
 KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "block_overhead_us", "step_overhead_s",
-        "source")
+        "attention_fraction", "framework_fraction", "zero3_collective_fraction", "source")
 FAMILIES = ("default", "v100", "a100", "h100", "h200")
+FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 
 
 @dataclass(frozen=True)
@@ -32,6 +37,17 @@ class Overheads:
     step_overhead_s: float = 0.0
     fp8_matmul_fraction: float = 1.0   # fp8 GEMMs sustain this much of their own sweep on top
                                        # (quantisation casts and transposes, scaling, clocks)
+    attention_fraction: float = 1.0    # fused attention kernels, on top of the matmul fraction
+    framework_fraction: dict[str, float] = field(default_factory=dict, hash=False)
+    zero3_collective_fraction: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def framework(self, name: str) -> float:
+        """Kernel throughput a framework sustains relative to Megatron-LM (1.0 if not fitted)."""
+        return self.framework_fraction.get(name, 1.0)
+
+    def zero3_collectives(self, name: str) -> float:
+        """Fraction of the modelled bandwidth a framework's ZeRO-3 collectives reach."""
+        return self.zero3_collective_fraction.get(name, 1.0)
 
     def sustained(self, gpu_name: str) -> float:
         """The sustained matmul fraction for a catalog GPU name (its family is the name's prefix)."""
@@ -61,7 +77,25 @@ def _load(path: str, mtime: int) -> Overheads:
     if fp8 > 1.0:
         raise c.error(f"must be in (0, 1], got {fp8}", "fp8_matmul_fraction")
     return Overheads(default, families, c.number("block_overhead_us", 0.0, positive=False) * 1e-6,
-                     c.number("step_overhead_s", 0.0, positive=False), fp8)
+                     c.number("step_overhead_s", 0.0, positive=False), fp8,
+                     _fraction(c, "attention_fraction"),
+                     _per_framework(c, "framework_fraction"),
+                     _per_framework(c, "zero3_collective_fraction"))
+
+
+def _fraction(c: Checker, key: str) -> float:
+    value = c.number(key, 1.0)
+    if value > 1.0:
+        raise c.error(f"must be in (0, 1], got {value}", key)
+    return value
+
+
+def _per_framework(c: Checker, key: str) -> dict[str, float]:
+    if not c.has(key):
+        return {}
+    sub = c.sub(key)
+    sub.only(FRAMEWORKS)
+    return {name: _fraction(sub, name) for name in sub.mapping}
 
 
 def load_overheads(path: str | Path = TRAINING_FILE) -> Overheads:

@@ -297,6 +297,20 @@ def precision(row: dict[str, str], rules: "Rules", system_name: str, notes: list
     return chosen
 
 
+def framework(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
+    """The training framework the row names (DeepSpeed, FSDP), else the source's rule, else Megatron-LM."""
+    text = " ".join(row.get(k, "") for k in ("other_parallelism", "source", "notes")).lower()
+    if "deepspeed" in text:
+        return "deepspeed"
+    if "fsdp" in text:
+        return "fsdp"
+    chosen = rules.value(row, "framework", notes)
+    if chosen is None:
+        notes.append("framework megatron: the row names neither DeepSpeed nor FSDP")
+        return "megatron"
+    return chosen
+
+
 def recompute(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
     text = row["recompute"].lower().strip()
     found = None

@@ -16,7 +16,7 @@ from typing import Any
 from planner.documents import Checker, load_document
 from planner.errors import PartitaError, closest
 from planner.paths import VALIDATION_DIR
-from planner.scenario import PRECISIONS, RECOMPUTE, SCHEDULES, Scenario, parse_scenario
+from planner.scenario import FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES, Scenario, parse_scenario
 from simulator import rowcells as cells
 from simulator.measured import CONVENTIONS, Unconvertible, step_time_from_metric
 from simulator.rowcells import Skip
@@ -94,6 +94,7 @@ _SETTING_CHECKS = {
     "overlap_param_gather": ("bool", None), "inter_node_gbps": ("number", None),
     "tp_comm_overlap": ("bool", None),
     "exclude": ("bool", None), "attention": ("choice", ("flash", "unfused")),
+    "framework": ("choice", FRAMEWORKS),
 }
 
 
@@ -211,6 +212,7 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
     training = {"global_batch": global_batch, "micro_batch": micro,
                 "precision": cells.precision(row, rules, system, notes),
                 "recompute": cells.recompute(row, rules, notes)}
+    training["framework"] = cells.framework(row, rules, notes)
     attention = rules.value(row, "attention", notes)
     if attention is not None:
         training["attention"] = attention

@@ -50,10 +50,11 @@ def _add(parts: dict[str, float], key: str, value: float) -> None:
 
 
 def sustained(lt: LayerTimes, oh: Overheads, gpu_name: str, precision: str,
-              per_layer_s: float = 0.0) -> LayerTimes:
-    """A layer's times with matmul work at the sustained fraction and a fixed per-layer cost."""
-    frac = oh.sustained(gpu_name)
-    slow = 1.0 / frac - 1.0                                            # attention (16-bit)
+              per_layer_s: float = 0.0, framework: str = "megatron") -> LayerTimes:
+    """A layer's times with matmul and attention work at the fractions a training run sustains
+    (per GPU family, for fp8, for attention kernels, for the framework) and a fixed per-layer cost."""
+    frac = oh.sustained(gpu_name) * oh.framework(framework)
+    slow = 1.0 / (frac * oh.attention_fraction) - 1.0                  # attention (16-bit)
     slow_g = 1.0 / (frac * (oh.fp8_matmul_fraction if precision == "fp8" else 1.0)) - 1.0
     p = lt.parts.get
     extra_f = slow_g * p("gemm_fwd", 0.0) + slow * p("attention_fwd", 0.0) + per_layer_s
@@ -73,7 +74,7 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                                  t.precision, t.recompute, gpu, cal, decoder=decoder,
                                  attention=t.attention)
-    lt = sustained(lt, oh, gpu.name, t.precision, oh.block_overhead_s)
+    lt = sustained(lt, oh, gpu.name, t.precision, oh.block_overhead_s, t.framework)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
     _add(parts, "compute", compute_f + compute_b)
@@ -106,24 +107,31 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
         fwd, bwd = fwd + cf, bwd + cb
 
     if p.zero >= 3 and p.data * p.context > 1:
-        fwd, bwd, bwd_w = _fsdp(ctx, topo, decoder, fwd, bwd, bwd_w, parts)
+        fwd, bwd, bwd_w = _fsdp(ctx, topo, oh, decoder, fwd, bwd, bwd_w, parts)
     return BlockCost(fwd, bwd, bwd_w, parts)
 
 
-def _fsdp(ctx: StepContext, topo: Topology, decoder: bool, fwd: float, bwd: float, bwd_w: float,
-          parts: dict[str, float]) -> tuple[float, float, float]:
+def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: float, bwd: float,
+          bwd_w: float, parts: dict[str, float]) -> tuple[float, float, float]:
     """ZeRO-3: per-block parameter all-gathers and gradient reduce-scatter, overlapped with compute
-    by prefetching (Rajbhandari et al. 2020, Sec. 7.2.2; FSDP forward/backward prefetch)."""
+    by prefetching (Rajbhandari et al. 2020, Sec. 7.2.2; FSDP forward/backward prefetch).
+
+    Under full recompute DeepSpeed gathers a block's parameters a third time: its ZeRO-3 hooks
+    release them after every submodule forward, and the recomputed forward runs those hooks again
+    (FSDP gathers once for the recompute and the backward: its pre-backward hook unshards the whole
+    unit). The framework's collectives run at `zero3_collective_fraction` of the modelled bandwidth."""
     p, t = ctx.parallel, ctx.training
     params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
     shape = ctx.placement.dp_group()
     group = Group(shape.n * p.context if p.context > 1 else shape.n, shape.per_node,
                   concurrent=shape.per_node * shape.sharing)
     e = element_bytes(t.precision)
-    ag = collective("all_gather", "auto", params * e, group, topo)
-    rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo)
+    slow = 1.0 / oh.zero3_collectives(t.framework)
+    ag = collective("all_gather", "auto", params * e, group, topo) * slow
+    rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
+    regather = ag if (t.framework == "deepspeed" and t.recompute == "full") else 0.0
     new_f = max(fwd, ag)
-    new_b = max(bwd, ag + rs)
+    new_b = max(bwd, ag + regather + rs)
     _add(parts, "fsdp_comm", (new_f - fwd) + (new_b - bwd))
     return new_f, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
 
@@ -139,7 +147,8 @@ def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads) -> list[Ch
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
     head = sustained(head_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
-                                t.precision, gpu, cal), oh, gpu.name, t.precision)
+                                t.precision, gpu, cal), oh, gpu.name, t.precision,
+                    framework=t.framework)
     ranges = chunk_ranges(d.total_layers, p)
     out = []
     for i, (a, b) in enumerate(ranges):

@@ -61,6 +61,10 @@ def test_yaml_and_json_are_the_same(tmp_path):
 def test_round_trip_to_dict():
     s = parse_scenario(doc(parallel__stages=[[0, 3], [3, 8]]))
     assert parse_scenario(s.to_dict()) == s
+    s = parse_scenario(doc(training__framework="deepspeed"))
+    assert s.training.framework == "deepspeed"
+    assert parse_scenario(s.to_dict()) == s
+    assert parse_scenario(doc()).training.framework == "megatron"
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -88,6 +92,7 @@ def test_round_trip_to_dict():
     ({"training": _DELETE}, "training: missing required section"),
     ({"parallel__sequence_parallel": "yes"}, "parallel.sequence_parallel: expected true or false"),
     ({"training__attention": "flashy"}, "training.attention: expected one of flash, unfused"),
+    ({"training__framework": "jax"}, "training.framework: expected one of megatron, deepspeed, fsdp"),
     ({"parallel__grad_reduce": "herring"}, "parallel.grad_reduce: expected one of auto, ring, tree"),
     ({"parallel__tp_comm_overlap": 1}, "parallel.tp_comm_overlap: expected true or false"),
     ({"parallel__overlap_param_gather": "no"}, "parallel.overlap_param_gather: expected true or false"),

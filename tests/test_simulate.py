@@ -158,6 +158,10 @@ def test_shipped_examples_simulate():
     ("sustained_matmul_fraction: {a100: 1.5}\n", "sustained_matmul_fraction.a100: must be in (0, 1], got 1.5"),
     ("sustained_matmul_fraction: {tpu: 0.5}\n", "unknown key"),
     ("step_overhead: 0.1\n", "step_overhead: unknown key; did you mean 'step_overhead_s'?"),
+    ("attention_fraction: 1.2\n", "attention_fraction: must be in (0, 1], got 1.2"),
+    ("framework_fraction: {jax: 0.5}\n", "framework_fraction.jax: unknown key"),
+    ("zero3_collective_fraction: {deepspeed: 2}\n",
+     "zero3_collective_fraction.deepspeed: must be in (0, 1], got 2"),
 ])
 def test_bad_overheads_file_names_the_key(tmp_path, text, message):
     from planner.errors import PartitaError
@@ -166,3 +170,27 @@ def test_bad_overheads_file_names_the_key(tmp_path, text, message):
     path.write_text(text)
     with pytest.raises(PartitaError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_overheads(path)
+
+
+def _framework_doc(framework: str) -> dict:
+    doc = small(tensor=1, pipeline=1, data=16, zero=3)
+    doc["training"].update(framework=framework, recompute="full")
+    return doc
+
+
+def test_framework_fractions_slow_kernels_and_deepspeed_zero3_gathers_again_for_recompute():
+    from simulator.overheads import Overheads
+    catalog = load_catalog()
+    plain = Overheads()
+    mega = simulate(parse_scenario(_framework_doc("megatron")), catalog, overheads=plain)
+    fsdp = simulate(parse_scenario(_framework_doc("fsdp")), catalog, overheads=plain)
+    ds = simulate(parse_scenario(_framework_doc("deepspeed")), catalog, overheads=plain)
+    assert fsdp.step_time_s == mega.step_time_s          # no fraction given: the same physics
+    # DeepSpeed's hooks re-gather each block's parameters for the recomputed forward.
+    assert ds.breakdown_s.get("fsdp_comm", 0.0) > fsdp.breakdown_s.get("fsdp_comm", 0.0)
+    slower = Overheads(framework_fraction={"fsdp": 0.5})
+    half = simulate(parse_scenario(_framework_doc("fsdp")), catalog, overheads=slower)
+    assert half.breakdown_s["compute"] > 1.5 * fsdp.breakdown_s["compute"]
+    thin = Overheads(zero3_collective_fraction={"deepspeed": 0.25})
+    ds_thin = simulate(parse_scenario(_framework_doc("deepspeed")), catalog, overheads=thin)
+    assert ds_thin.step_time_s > ds.step_time_s

@@ -84,10 +84,7 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("NAR21-17", "parallel", "pipeline", 12),
     ("NAR21-11", "parallel", "zero", 3),
     ("NAR21-11", "parallel", "overlap_grad_reduce", True),
-    ("NAR21-01", "parallel", "overlap_grad_reduce", False),
     ("NAR21-01", "training", "recompute", "full"),
-    ("NAR21-01", "training", "micro_batch", 1),
-    ("NAR21-01", "training", "precision", "bf16"),
     ("MLMRD-01", "model", "vocab", 51200),                   # GPT-2 BPE padded to 128 x tp 8
     ("MLMRD-01", "cluster", "system", "dgx-a100-80gb"),
     ("SHO19-07", "cluster", "system", "dgx2-v100"),
@@ -111,6 +108,15 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("MPT-25", "cluster", "inter_node_gbps", 1600.0),
     ("MPT-27", "cluster", "system", "dgx-a100-40gb"),
     ("NANOGPT-01", "training", "global_batch", 480),         # 491,520 tokens / 1024
+    ("NAR21-11", "training", "framework", "deepspeed"),      # "ZeRO-3 via DeepSpeed"
+    ("MTNLG-01", "training", "framework", "deepspeed"),
+    ("MPT-01", "training", "framework", "fsdp"),             # FSDP FULL_SHARD
+    ("NAR21-17", "training", "framework", "megatron"),       # names neither: the default
+    ("NAR21-01", "training", "micro_batch", 16),             # examples/sc21/run_table_1.sh
+    ("NAR21-07", "parallel", "virtual_stages", 2),           # 10 layers per stage / 5 per chunk
+    ("NAR21-01", "parallel", "overlap_grad_reduce", True),   # DDP=torch
+    ("NAR21-05", "parallel", "overlap_grad_reduce", False),  # DDP=local
+    ("NAR21-05", "training", "precision", "fp16"),           # examples/sc21/CONFIG.sh --fp16
 ])
 def test_row_mapping(mapped, row_id, section, key, expected):
     assert mapped[row_id].document[section][key] == expected
@@ -118,7 +124,7 @@ def test_row_mapping(mapped, row_id, section, key, expected):
 
 def test_every_assumption_is_recorded(mapped):
     nar = mapped["NAR21-01"].assumptions
-    assert any(a.startswith("micro_batch 1:") for a in nar)
+    assert any(a.startswith("micro_batch 16:") and "run_table_1.sh" in a for a in nar)
     assert any(a.startswith("flops hardware:") for a in nar)
     assert any("tp 8: not stated" in a for a in mapped["MLM24-10"].assumptions)
     assert not any(a.startswith("flops") for a in mapped["MPT-01"].assumptions)  # tokens/s needs none
