@@ -16,7 +16,7 @@ from planner.modelspec import TransformerDims
 from planner.stages import chunk_ranges
 from simulator.compute import element_bytes
 from simulator.context import StepContext
-from simulator.memory import block_parameters, embedding_parameters, head_parameters
+from simulator.memory import block_parameters, embedding_parameters, grad_bytes, head_parameters
 from simulator.network import Group, Topology, collective
 from simulator.result import Span
 
@@ -25,14 +25,6 @@ BUCKET_PARAMS = 40_000_000       # Megatron-Core DDP default bucket size (elemen
 # plus one read of the grads for the global norm (clipping): 4*4 + 3*4 + 2 + 4 bytes.
 ADAM_BYTES_PER_PARAM = 34.0
 SGD_BYTES_PER_PARAM = 22.0
-
-
-def grad_bytes(precision: str) -> int:
-    """Bytes per gradient element in the data-parallel reduction. Megatron-LM reduces fp16
-    gradients as they are (`--accumulate-allreduce-grads-in-fp32` defaults off) but forces fp32
-    accumulation and reduction for bf16 (megatron/training/arguments.py: "bfloat16 requires
-    gradient accumulation and all-reduce to be done in fp32"); fp8 trains on bf16 weights."""
-    return 2 if precision == "fp16" else 4
 
 
 def chunk_parameters(dims: TransformerDims, ctx: StepContext) -> list[float]:

@@ -1,9 +1,9 @@
 """Per-GPU memory of one rank: parameters, gradients, optimizer state, activations, the rest.
 
 Parameters, gradients and optimizer state follow mixed-precision training (Micikevicius et al.
-2018) as Megatron-LM keeps it: 16-bit weights, fp32 main gradients, an fp32 master copy and Adam's
-two fp32 moments, 2 + 4 + 4 + 8 = 18 bytes per parameter (megatron/training/
-theoretical_memory_usage.py); fp32 training keeps 4 + 4 + 8. ZeRO (Rajbhandari et al. 2020,
+2018) as Megatron-LM keeps it: 16-bit weights, fp32 main gradients (fp16 ones in fp16 training:
+`grad_bytes`), an fp32 master copy and Adam's two fp32 moments, 2 + 4 + 4 + 8 = 18 bytes per
+parameter for bf16 (megatron/training/theoretical_memory_usage.py); fp32 training keeps 4 + 4 + 8. ZeRO (Rajbhandari et al. 2020,
 Sec. 5: (2 + 2 + K) * psi / N_d) shards over the data-parallel (times context-parallel) group: stage
 1 the optimizer state (Megatron's distributed optimizer, 6 + 12/d), stage 2 also the gradients (kept
 16-bit as DeepSpeed does), stage 3 also the parameters, plus two layers' gathered parameters.
@@ -96,6 +96,15 @@ def head_parameters(dims: TransformerDims) -> tuple[int, int]:
     return table, extra
 
 
+def grad_bytes(precision: str) -> int:
+    """Bytes per gradient element held and reduced across data parallelism (ZeRO 0/1).
+
+    Megatron-LM keeps and reduces fp16 gradients as they are (`--accumulate-allreduce-grads-in-fp32` defaults off) but forces fp32
+    accumulation and reduction for bf16 (megatron/training/arguments.py: "bfloat16 requires
+    gradient accumulation and all-reduce to be done in fp32"); fp8 trains on bf16 weights."""
+    return 2 if precision == "fp16" else 4
+
+
 def bytes_per_parameter(precision: str, optimizer: str, zero: int,
                         shard: int) -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes per parameter on one GPU."""
@@ -106,7 +115,7 @@ def bytes_per_parameter(precision: str, optimizer: str, zero: int,
         raise PartitaError(f"parallel.zero: expected 0, 1, 2 or 3, got {zero!r}")
     wide = precision in ("fp32", "tf32")
     weights = 4.0 if wide else 2.0
-    grads = 4.0 if (wide or zero < 2) else 2.0          # Megatron: fp32 main grads; ZeRO-2/3: 16-bit
+    grads = float(grad_bytes(precision)) if (wide or zero < 2) else 2.0   # ZeRO-2/3: 16-bit
     states = OPTIMIZER_STATE_BYTES[optimizer] + (0.0 if wide else 4.0)   # + fp32 master copy
     return (weights / shard if zero >= 3 else weights, grads / shard if zero >= 2 else grads,
             states / shard if zero >= 1 else states)
