@@ -206,18 +206,27 @@ def all_gather(nbytes: float, group: Group, topo: Topology) -> float:
     return reduce_scatter(nbytes, group, topo)
 
 
+def _within_one_node(nbytes: float, group: Group, topo: Topology) -> float | None:
+    """The all-reduce time when the group needs no multi-node algorithm (one rank: nothing; one
+    node: the ring over NVLink), else None. Checks the group first."""
+    _check(group, topo)
+    if group.ranks == 1:
+        return 0.0
+    if group.nodes == 1:
+        return ring_allreduce(nbytes, group, topo)
+    return None
+
+
 def tree_allreduce(nbytes: float, group: Group, topo: Topology) -> float:
     """NCCL double binary tree: a chain inside each node and two binary trees across nodes.
 
     Latency grows with log2(nodes); every node sends and receives the whole buffer once up and once
     down the trees, which matches the ring's 2(n-1)/n at large n, at 0.9 of its bandwidth.
     """
-    _check(group, topo)
-    n, r, k = group.ranks, group.ranks_per_node, group.nodes
-    if n == 1:
-        return 0.0
-    if k == 1:
-        return ring_allreduce(nbytes, group, topo)
+    single = _within_one_node(nbytes, group, topo)
+    if single is not None:
+        return single
+    r, k = group.ranks_per_node, group.nodes
     intra_lat = topo.intra.latency_s if topo.intra is not None else 0.0
     latency = topo.inter.base_latency_s + 2 * ((r - 1) * intra_lat
                                                + math.ceil(math.log2(k)) * topo.inter.latency_s)
@@ -260,12 +269,10 @@ def hierarchical_allreduce(nbytes: float, group: Group, topo: Topology) -> float
     (ml-engineering network/README.md); the phases are pipelined over chunks (NCCL NVLSTree), so
     the slower of the two sets the bandwidth term.
     """
-    _check(group, topo)
-    n, r, k = group.ranks, group.ranks_per_node, group.nodes
-    if n == 1:
-        return 0.0
-    if k == 1:
-        return ring_allreduce(nbytes, group, topo)
+    single = _within_one_node(nbytes, group, topo)
+    if single is not None:
+        return single
+    r, k = group.ranks_per_node, group.nodes
     shard = nbytes / r
     per_gpu = 2 * (k - 1) / k * shard
     t_inter = topo.inter.transfer(per_gpu * r * _sharers(group, topo), nbytes, low_latency=False)
@@ -286,12 +293,10 @@ def parameter_server(nbytes: float, group: Group, topo: Topology) -> float:
     buffer over one server per node (on the nodes' CPUs), push shard i to server i and pull the
     reduced shard back: 2 network hops whatever the node count; then broadcast inside the node.
     The GPU-host copies over PCIe are pipelined with the network (balanced fusion buffers)."""
-    _check(group, topo)
-    n, r, k = group.ranks, group.ranks_per_node, group.nodes
-    if n == 1:
-        return 0.0
-    if k == 1:
-        return ring_allreduce(nbytes, group, topo)
+    single = _within_one_node(nbytes, group, topo)
+    if single is not None:
+        return single
+    r, k = group.ranks_per_node, group.nodes
     sent, hops = parameter_server_traffic(nbytes, k)
     # push and pull each load the NICs with `sent` per group in each direction
     t_net = 2 * topo.inter.transfer(sent * _sharers(group, topo), nbytes, low_latency=False)

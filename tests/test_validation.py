@@ -346,6 +346,7 @@ def test_bad_cells_skip_the_row_with_the_reason(standin, tmp_path):
     ("sources: {X: {flops: {value: peak, why: w}}}\n", "expected one of model, hardware"),
     ("sources: {X: {micro_batch: {value: 2}}}\n", "why: missing required key"),
     ("sources: {X: {microbatch: {value: 2, why: w}}}\n", "did you mean 'micro_batch'"),
+    ("sources: {X: {framework: {value: jax, why: w}}}\n", "expected one of megatron, deepspeed, fsdp"),
 ])
 def test_malformed_rowmap_rules(tmp_path, text, needle):
     path = tmp_path / "rowmap.yaml"
