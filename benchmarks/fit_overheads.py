@@ -11,9 +11,9 @@ error afterwards.
 Minimised by scipy's bounded trust-region least squares with the soft-L1 loss (the same
 pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 1.0, 0 s). Parameters: sustained matmul fraction per GPU family, the per-step
 overhead, the fp8 GEMM fraction, the attention-kernel fraction, and DeepSpeed's and FSDP's kernel
-fractions relative to Megatron-LM. Not fitted: the per-block overhead (0; earlier fits put it at
-zero) and DeepSpeed's ZeRO-3 collective fraction (1.0): in the fit rows (NAR21-11, -14) compute
-hides the gathers, so they carry no information about it.
+fractions relative to Megatron-LM, and DeepSpeed's ZeRO-3 collective fraction (the fit rows
+NAR21-11 and -14 ran DeepSpeed 0.3's synchronous gathers, so their step shows the gathers). Not
+fitted: the per-block overhead (0; earlier fits put it at zero).
 """
 from __future__ import annotations
 
@@ -51,7 +51,8 @@ def overheads(x) -> Overheads:
     by_family["h200"] = by_family["h100"]          # same GH100 chip and clocks
     default = float(np.median(fracs))
     return Overheads(default, by_family, 0.0, max(0.0, float(x[3])), _frac(x[4]), _frac(x[5]),
-                     {"deepspeed": _frac(x[6]), "fsdp": _frac(x[7])})
+                     {"deepspeed": _frac(x[6]), "fsdp": _frac(x[7])},
+                     {"deepspeed": _frac(x[8], 0.05)})
 
 
 def errors(x, rows, catalog):
@@ -73,9 +74,9 @@ def main() -> int:
         errs = errors(x, fit_rows, catalog)
         return np.array([math.log1p(errs[rid]) for rid in sorted(errs)])
 
-    start = np.array([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
-    low = np.array([0.3, 0.3, 0.3, 0.0, 0.3, 0.3, 0.3, 0.3])
-    high = np.array([1.0, 1.0, 1.0, 5.0, 1.0, 1.0, 1.0, 1.0])
+    start = np.array([1.0, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0])
+    low = np.array([0.3, 0.3, 0.3, 0.0, 0.3, 0.3, 0.3, 0.3, 0.05])
+    high = np.array([1.0, 1.0, 1.0, 5.0, 1.0, 1.0, 1.0, 1.0, 1.0])
     res = least_squares(residuals, start - 1e-3 * (start == high), bounds=(low, high),
                         loss="soft_l1", f_scale=DELTA, diff_step=1e-3, xtol=1e-4, max_nfev=200)
     best = overheads(res.x)
@@ -87,6 +88,7 @@ def main() -> int:
     print(f"  attention_fraction        {best.attention_fraction:.3f}")
     for name in ("deepspeed", "fsdp"):
         print(f"  framework_fraction {name:9s} {best.framework(name):.3f}")
+    print(f"  zero3_collective_fraction deepspeed {best.zero3_collectives('deepspeed'):.3f}")
 
     all_errs = errors(res.x, None, catalog)
     for group in ("fit", "holdout"):
@@ -106,7 +108,9 @@ def main() -> int:
                     f"attention_fraction: {best.attention_fraction:.3f}"),
                    (r"^  deepspeed: [0-9.]+  # kernels",
                     f"  deepspeed: {best.framework('deepspeed'):.3f}  # kernels"),
-                   (r"^  fsdp: [0-9.]+  # kernels", f"  fsdp: {best.framework('fsdp'):.3f}  # kernels")]
+                   (r"^  fsdp: [0-9.]+  # kernels", f"  fsdp: {best.framework('fsdp'):.3f}  # kernels"),
+                   (r"^  deepspeed: [0-9.]+  # ZeRO-3",
+                    f"  deepspeed: {best.zero3_collectives('deepspeed'):.3f}  # ZeRO-3")]
         for pattern, value in values:
             text = re.sub(pattern, value, text, flags=re.M)
         TRAINING_FILE.write_text(text)

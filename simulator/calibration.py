@@ -45,9 +45,11 @@ DEFAULT_KEYS = ("matmul_shape_by_ideal_us", "matmul_plateau_efficiency", "memory
                 "source", "notes")
 MATMUL_KEYS = ("peak_tflops", "measured_mnk_tflops", "plateau_tflops", "like_precision", "source",
                "notes")
-TIER_KEYS = ("efficiency", "step_latency_us", "base_latency_us", "half_bandwidth_mb",
-             "nvls_efficiency_by_gpu", "source", "notes")
-TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6), "base_latency_us": ("base_latency_s", 1e-6),
+TIER_KEYS = ("efficiency", "step_latency_us", "simple_step_latency_us", "base_latency_us",
+             "half_bandwidth_mb", "nvls_efficiency_by_gpu", "source", "notes")
+TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6),
+               "simple_step_latency_us": ("simple_step_latency_s", 1e-6),
+               "base_latency_us": ("base_latency_s", 1e-6),
                "half_bandwidth_mb": ("half_bandwidth_bytes", MB)}
 TIER_REQUIRED = ("efficiency", "step_latency_us", "base_latency_us", "half_bandwidth_mb")
 MEMORY_KEYS = ("cuda_context_gib", "communication_buffers_gib", "fragmentation_fraction", "source",
@@ -111,6 +113,7 @@ class TierCalibration:
     half_bandwidth_bytes: float
     nvls_efficiency: dict[str, float] = field(default_factory=dict, hash=False)   # by GPU name
     source: tuple[str, ...] = ()
+    simple_step_latency_s: float | None = None    # bandwidth (Simple) protocol; None: as LL
 
 
 @dataclass(frozen=True)
@@ -445,5 +448,5 @@ def _build_tier(name: str, value: dict[str, Any], origin: str) -> TierCalibratio
     return TierCalibration(name, value["efficiency"], value["step_latency_s"],
                            value["base_latency_s"], value["half_bandwidth_bytes"],
                            dict(value.get("nvls_efficiency", {})),
-                           tuple(value.get("source", ())))
+                           tuple(value.get("source", ())), value.get("simple_step_latency_s"))
 

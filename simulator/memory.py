@@ -76,6 +76,16 @@ def block_parameters(dims: TransformerDims, *, decoder: bool = False) -> int:
     return _attention_params(dims, True) + 2 * h * f + f + h + 2 * 2 * h
 
 
+def block_parameter_tensors(dims: TransformerDims, *, decoder: bool = False) -> int:
+    """Parameter tensors of one block, as a framework that gathers tensor by tensor sees them
+    (DeepSpeed ZeRO-3 hooks gather each submodule's parameters; Hugging Face layouts)."""
+    if dims.arch == "llama":                        # q, k, v, o; gate, up, down; two RMSNorms
+        return 9
+    if dims.arch == "t5":                           # q, k, v, o (x2 in a decoder); wi, wo; norms
+        return (8 if decoder else 4) + 2 + (3 if decoder else 2)
+    return 12                                       # qkv, proj, fc1, fc2 (weight + bias); 2 LNs
+
+
 def embedding_parameters(dims: TransformerDims) -> tuple[int, int]:
     """(vocab-parallel word table, replicated position / token-type tables and norms)."""
     h = dims.hidden

@@ -35,29 +35,40 @@ class Tier:
     """One kind of link. bytes_per_s: one direction, per GPU (intra) or per node (inter)."""
     kind: str
     bytes_per_s: float
-    latency_s: float                    # per algorithm step
+    latency_s: float                    # per algorithm step, low-latency protocol (LL)
     efficiency: float                   # large-message achieved / wire
     base_latency_s: float = 0.0         # per collective call
     half_bandwidth_bytes: float = 0.0   # n_1/2 of the efficiency ramp
+    simple_latency_s: float | None = None   # per step, bandwidth protocol (Simple); None: as LL
 
-    def rate(self, message_bytes: float, low_latency: bool = True) -> float:
+    def step_latency(self, protocol: str) -> float:
+        """Per-step latency of NCCL's `protocol` ("ll" or "simple")."""
+        if protocol == "simple" and self.simple_latency_s is not None:
+            return self.simple_latency_s
+        return self.latency_s
+
+    def rate(self, message_bytes: float, low_latency: bool = True, protocol: str | None = None
+             ) -> float:
         """Achieved bytes/s for a collective on a per-rank buffer of `message_bytes`.
 
-        The bandwidth protocol ramps up as S/(S + n_1/2); NCCL's low-latency protocol (LL) keeps a
-        quarter of the bandwidth at any size, so ring and tree never fall below that (NVLS and the
+        The bandwidth protocol (Simple) ramps up as S/(S + n_1/2); NCCL's low-latency protocol
+        (LL) keeps a quarter of the bandwidth at any size. protocol "simple" or "ll" gives that
+        protocol's rate; None the better of the two where LL applies (`low_latency`; NVLS and the
         NVLS tree run the bandwidth protocol only)."""
         s = max(message_bytes, 0.0)
         ramp = s / (s + self.half_bandwidth_bytes) if self.half_bandwidth_bytes > 0 else 1.0
-        if low_latency:
+        if protocol == "ll":
+            ramp = LL_BANDWIDTH_FRACTION
+        elif protocol is None and low_latency:
             ramp = max(ramp, LL_BANDWIDTH_FRACTION)
         return self.bytes_per_s * self.efficiency * ramp
 
     def transfer(self, moved_bytes: float, message_bytes: float, share: float = 1.0,
-                 low_latency: bool = True) -> float:
+                 low_latency: bool = True, protocol: str | None = None) -> float:
         """Seconds to move `moved_bytes` at `share` of this tier's achieved rate."""
         if moved_bytes <= 0:
             return 0.0
-        return moved_bytes / (self.rate(message_bytes, low_latency) * share)
+        return moved_bytes / (self.rate(message_bytes, low_latency, protocol) * share)
 
 
 @dataclass(frozen=True)
@@ -100,7 +111,11 @@ def tier_from_calibration(t: TierCalibration, bytes_per_s: float,
         latency = catalog_latency_s
     else:
         latency = max(t.step_latency_s, catalog_latency_s or 0.0)
-    return Tier(t.kind, bytes_per_s, latency, t.efficiency, t.base_latency_s, t.half_bandwidth_bytes)
+    simple = None
+    if t.simple_step_latency_s is not None and not measured:
+        simple = max(t.simple_step_latency_s, latency)      # never below the wire or LL figure
+    return Tier(t.kind, bytes_per_s, latency, t.efficiency, t.base_latency_s, t.half_bandwidth_bytes,
+                simple)
 
 
 def build_topology(system: System, cal: Calibration, *, inter_node_gbps: float | None = None,
@@ -162,23 +177,37 @@ def _sharers(group: Group, topo: Topology) -> float:
     return max(c, group.ranks_per_node) / group.ranks_per_node
 
 
-def _ring_latency(steps: int, inter_steps: int, topo: Topology, multi_node: bool) -> float:
+PROTOCOLS = ("ll", "simple")
+
+
+def _ring_latency(steps: int, inter_steps: int, topo: Topology, multi_node: bool,
+                  protocol: str = "ll") -> float:
     if not multi_node:
-        return topo.intra.base_latency_s + steps * topo.intra.latency_s
-    intra_lat = topo.intra.latency_s if topo.intra is not None else 0.0
+        return topo.intra.base_latency_s + steps * topo.intra.step_latency(protocol)
+    intra_lat = topo.intra.step_latency(protocol) if topo.intra is not None else 0.0
     return (topo.inter.base_latency_s + (steps - inter_steps) * intra_lat
-            + inter_steps * topo.inter.latency_s)
+            + inter_steps * topo.inter.step_latency(protocol))
 
 
 def _ring(moved: float, nbytes: float, steps: int, inter_steps: int, group: Group,
           topo: Topology) -> float:
     """A ring whose every rank sends `moved` bytes; across nodes each group's ring carries `moved`
-    out of every node it spans (NCCL channels cross each node boundary once)."""
+    out of every node it spans (NCCL channels cross each node boundary once). NCCL's tuner takes
+    the faster protocol: LL (short steps, a quarter of the bandwidth) or Simple (full bandwidth
+    after the ramp, longer steps: a ring of thousands of ranks pays thousands of them)."""
+    return min(_ring_protocol(moved, nbytes, steps, inter_steps, group, topo, proto)
+               for proto in PROTOCOLS)
+
+
+def _ring_protocol(moved: float, nbytes: float, steps: int, inter_steps: int, group: Group,
+                   topo: Topology, protocol: str) -> float:
     if group.nodes == 1:
-        return _ring_latency(steps, 0, topo, False) + topo.intra.transfer(moved, nbytes)
-    t_inter = topo.inter.transfer(moved * _sharers(group, topo), nbytes)
-    t_intra = topo.intra.transfer(moved, nbytes) if group.ranks_per_node > 1 else 0.0
-    return _ring_latency(steps, inter_steps, topo, True) + max(t_inter, t_intra)
+        return (_ring_latency(steps, 0, topo, False, protocol)
+                + topo.intra.transfer(moved, nbytes, protocol=protocol))
+    t_inter = topo.inter.transfer(moved * _sharers(group, topo), nbytes, protocol=protocol)
+    t_intra = (topo.intra.transfer(moved, nbytes, protocol=protocol)
+               if group.ranks_per_node > 1 else 0.0)
+    return _ring_latency(steps, inter_steps, topo, True, protocol) + max(t_inter, t_intra)
 
 
 # ---- collectives ----
@@ -226,13 +255,19 @@ def tree_allreduce(nbytes: float, group: Group, topo: Topology) -> float:
     single = _within_one_node(nbytes, group, topo)
     if single is not None:
         return single
+    return min(_tree_protocol(nbytes, group, topo, proto) for proto in PROTOCOLS)
+
+
+def _tree_protocol(nbytes: float, group: Group, topo: Topology, protocol: str) -> float:
     r, k = group.ranks_per_node, group.nodes
-    intra_lat = topo.intra.latency_s if topo.intra is not None else 0.0
-    latency = topo.inter.base_latency_s + 2 * ((r - 1) * intra_lat
-                                               + math.ceil(math.log2(k)) * topo.inter.latency_s)
+    intra_lat = topo.intra.step_latency(protocol) if topo.intra is not None else 0.0
+    latency = topo.inter.base_latency_s + 2 * ((r - 1) * intra_lat + math.ceil(math.log2(k))
+                                               * topo.inter.step_latency(protocol))
     moved = 2 * nbytes
-    t_inter = topo.inter.transfer(moved * _sharers(group, topo), nbytes, TREE_BANDWIDTH_FACTOR)
-    t_intra = topo.intra.transfer(moved, nbytes, TREE_BANDWIDTH_FACTOR) if r > 1 else 0.0
+    t_inter = topo.inter.transfer(moved * _sharers(group, topo), nbytes, TREE_BANDWIDTH_FACTOR,
+                                  protocol=protocol)
+    t_intra = (topo.intra.transfer(moved, nbytes, TREE_BANDWIDTH_FACTOR, protocol=protocol)
+               if r > 1 else 0.0)
     return latency + max(t_inter, t_intra)
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from planner.stages import chunk_ranges
 from simulator.compute import LayerTimes, element_bytes, embedding_times, head_times, layer_times
 from simulator.context import StepContext
-from simulator.memory import block_parameters
+from simulator.memory import block_parameter_tensors, block_parameters
 from simulator.network import Group, Topology, collective, cp_ring_time, p2p
 from simulator.overheads import Overheads
 
@@ -113,13 +113,18 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
 
 def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: float, bwd: float,
           bwd_w: float, parts: dict[str, float]) -> tuple[float, float, float]:
-    """ZeRO-3: per-block parameter all-gathers and gradient reduce-scatter, overlapped with compute
-    by prefetching (Rajbhandari et al. 2020, Sec. 7.2.2; FSDP forward/backward prefetch).
+    """ZeRO-3: per-block parameter all-gathers and gradient reduce-scatter (Rajbhandari et al. 2020,
+    Sec. 7.2.2). With `overlap_param_gather` (prefetching: DeepSpeed's prefetch buckets, FSDP's
+    forward/backward prefetch) they overlap the neighbouring block's compute, so a block costs
+    max(compute, communication); without it they run between the block's kernels and add to them
+    (DeepSpeed 0.3.x: every parameter all-gather synchronised the device, DeepSpeed PR #1188).
 
-    Under full recompute DeepSpeed gathers a block's parameters a third time: its ZeRO-3 hooks
-    release them after every submodule forward, and the recomputed forward runs those hooks again
-    (FSDP gathers once for the recompute and the backward: its pre-backward hook unshards the whole
-    unit). The framework's collectives run at `zero3_collective_fraction` of the modelled bandwidth."""
+    DeepSpeed gathers tensor by tensor (its hooks fetch each submodule's parameters; one collective
+    per parameter tensor, each paying the collective's latency), FSDP one flat parameter per block.
+    Under full recompute DeepSpeed gathers a block's parameters a third time: its hooks release them
+    after every submodule forward, and the recomputed forward runs those hooks again (FSDP gathers
+    once for the recompute and the backward: its pre-backward hook unshards the whole unit). The
+    framework's collectives run at `zero3_collective_fraction` of the modelled bandwidth."""
     p, t = ctx.parallel, ctx.training
     params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
     shape = ctx.placement.dp_group()
@@ -127,11 +132,15 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
                   concurrent=shape.per_node * shape.sharing)
     e = element_bytes(t.precision)
     slow = 1.0 / oh.zero3_collectives(t.framework)
-    ag = collective("all_gather", "auto", params * e, group, topo) * slow
+    deepspeed = t.framework == "deepspeed"
+    calls = block_parameter_tensors(ctx.dims, decoder=decoder) if deepspeed else 1
+    ag = calls * collective("all_gather", "auto", params * e / calls, group, topo) * slow
     rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
-    regather = ag if (t.framework == "deepspeed" and t.recompute == "full") else 0.0
-    new_f = max(fwd, ag)
-    new_b = max(bwd, ag + regather + rs)
+    regather = ag if (deepspeed and t.recompute == "full") else 0.0
+    if p.overlap_param_gather:
+        new_f, new_b = max(fwd, ag), max(bwd, ag + regather + rs)
+    else:
+        new_f, new_b = fwd + ag, bwd + ag + regather + rs
     _add(parts, "fsdp_comm", (new_f - fwd) + (new_b - bwd))
     return new_f, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
 

@@ -111,6 +111,33 @@ def test_latency_steps_follow_nccl():
     assert tree_allreduce(tiny, Group(32, 8), lat) == pytest.approx(7e-6 + 2 * (7e-6 + 20e-6), rel=1e-3)
 
 
+def test_big_buffers_pay_the_bandwidth_protocols_step_latency():
+    # LL: 1 us and 10 us per step at a quarter of the bandwidth; Simple: 3 us and 20 us at all of it
+    # (no ramp). NCCL's tuner takes the faster: LL for a tiny buffer, Simple for a big one.
+    lat = Topology("lat", 8, Tier("nvswitch", 300 * GB, 1e-6, 1.0, 5e-6, simple_latency_s=3e-6),
+                   Tier("efa", 50 * GB, 10e-6, 1.0, 7e-6, simple_latency_s=20e-6))
+    group = Group(1024, 8, concurrent=8)            # 128 nodes: 1023 steps, 127 of them between nodes
+    tiny, big = 1.0, 1e9
+    ll_steps, simple_steps = 896 * 1e-6 + 127 * 10e-6, 896 * 3e-6 + 127 * 20e-6
+    assert all_gather(tiny, group, lat) == pytest.approx(7e-6 + ll_steps + 1023 / 1024 * tiny
+                                                         / (0.25 * 50 * GB), rel=1e-6)
+    assert all_gather(big, group, lat) == pytest.approx(7e-6 + simple_steps + 1023 / 1024 * big
+                                                        / (50 * GB), rel=1e-6)
+    # tree: 2 * (7 intra + log2(128) inter) steps, Simple for the big buffer
+    assert tree_allreduce(big, group, lat) == pytest.approx(
+        7e-6 + 2 * (7 * 3e-6 + 7 * 20e-6) + 2 * big / (0.9 * 50 * GB), rel=1e-6)
+    # without a Simple figure a tier keeps its one step latency (the tests above)
+    assert Tier("efa", 50 * GB, 10e-6, 1.0).step_latency("simple") == 10e-6
+
+
+def test_simple_step_latency_comes_from_the_calibration(cal):
+    ib = build_topology(system(inter="infiniband"), cal).inter
+    assert (ib.latency_s, ib.simple_latency_s) == pytest.approx((5.5e-6, 14e-6))
+    slow = System("slow", "onprem", a100_gpu(), 8, Fabric("nvswitch", 300 * GB, None),
+                  Network("infiniband", 8, 200 * GB, 1e-3))
+    assert build_topology(slow, cal).inter.simple_latency_s == 1e-3     # the wire is the floor
+
+
 def test_alltoall_and_p2p():
     assert alltoall(S, Group(8, 8), IDEAL) == pytest.approx(7 / 8 * S / (300 * GB))
     assert p2p(S, True, IDEAL) == pytest.approx(S / (300 * GB))
@@ -310,4 +337,7 @@ def test_tier_overrides_and_new_tiers(tmp_path):
         load_calibration(path, include_local=False)
     path.write_text(yaml.safe_dump({"tiers": {"efa": {"step_latency_us": -1}}}))
     with pytest.raises(PartitaError, match=r"tiers\.efa\.step_latency_us: must be >= 0"):
+        load_calibration(path, include_local=False)
+    path.write_text(yaml.safe_dump({"tiers": {"efa": {"simple_step_latency_us": -2}}}))
+    with pytest.raises(PartitaError, match=r"tiers\.efa\.simple_step_latency_us: must be >= 0"):
         load_calibration(path, include_local=False)

@@ -194,3 +194,20 @@ def test_framework_fractions_slow_kernels_and_deepspeed_zero3_gathers_again_for_
     thin = Overheads(zero3_collective_fraction={"deepspeed": 0.25})
     ds_thin = simulate(parse_scenario(_framework_doc("deepspeed")), catalog, overheads=thin)
     assert ds_thin.step_time_s > ds.step_time_s
+
+
+def test_zero3_gathers_without_prefetch_add_to_compute():
+    """overlap_param_gather false (DeepSpeed 0.3's synchronous gathers): each block's all-gathers
+    and reduce-scatter run between its kernels, so the step is the overlapped one plus what the
+    overlap hid."""
+    catalog = load_catalog()
+    from simulator.overheads import Overheads
+    plain = Overheads()
+    for framework in ("fsdp", "deepspeed"):
+        hidden = simulate(parse_scenario(_framework_doc(framework)), catalog, overheads=plain)
+        doc = _framework_doc(framework)
+        doc["parallel"]["overlap_param_gather"] = False
+        serial = simulate(parse_scenario(doc), catalog, overheads=plain)
+        assert serial.step_time_s > hidden.step_time_s
+        assert serial.breakdown_s["fsdp_comm"] > hidden.breakdown_s.get("fsdp_comm", 0.0)
+        assert serial.breakdown_s["compute"] == pytest.approx(hidden.breakdown_s["compute"])
