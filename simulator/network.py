@@ -9,10 +9,10 @@ nodes. Every function returns seconds for a buffer of `nbytes` per rank, as nccl
 where the moved bytes per rank follow nccl-tests doc/PERFORMANCE.md (all-reduce 2(n-1)/n,
 reduce-scatter and all-gather (n-1)/n). Rings and trees take the faster of NCCL's two protocols, as
 its tuner does: LL (short steps, a quarter of wire * efficiency) or Simple (longer steps, the rate
-wire * efficiency * S/(S + n_1/2)) (data/calibration/network.yaml). Across nodes, the groups of a node that run the same collective at
-once (`Group.concurrent` GPUs) share the node's NICs. Latency steps follow NCCL's own tuning model
-(src/graph/tuning.cc: ring (nsteps - inter steps) * intra + inter steps * inter; tree
-2 * ((ranks per node - 1) * intra + log2(nodes) * inter)).
+wire * efficiency * S/(S + n_1/2)) (data/calibration/network.yaml). Across nodes, the groups of a
+node that run the same collective at once (`Group.concurrent` GPUs) share the node's NICs. Latency
+steps follow NCCL's own tuning model (src/graph/tuning.cc: ring (nsteps - inter steps) * intra +
+inter steps * inter; tree 2 * ((ranks per node - 1) * intra + log2(nodes) * inter)).
 """
 from __future__ import annotations
 
