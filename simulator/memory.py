@@ -76,14 +76,18 @@ def block_parameters(dims: TransformerDims, *, decoder: bool = False) -> int:
     return _attention_params(dims, True) + 2 * h * f + f + h + 2 * 2 * h
 
 
-def block_parameter_tensors(dims: TransformerDims, *, decoder: bool = False) -> int:
-    """Parameter tensors of one block, as a framework that gathers tensor by tensor sees them
-    (DeepSpeed ZeRO-3 hooks gather each submodule's parameters; Hugging Face layouts)."""
+def block_parameter_tensors(dims: TransformerDims, *, decoder: bool = False) -> tuple[int, ...]:
+    """Sizes of one block's parameter tensors (they add up to `block_parameters`), as a framework
+    that gathers tensor by tensor sees them (DeepSpeed ZeRO-3 hooks; Hugging Face layouts)."""
+    h, f = dims.hidden, dims.ffn_hidden
+    hq, hkv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
     if dims.arch == "llama":                        # q, k, v, o; gate, up, down; two RMSNorms
-        return 9
+        return (h * hq, h * hkv, h * hkv, hq * h, h * f, h * f, f * h, h, h)
     if dims.arch == "t5":                           # q, k, v, o (x2 in a decoder); wi, wo; norms
-        return (8 if decoder else 4) + 2 + (3 if decoder else 2)
-    return 12                                       # qkv, proj, fc1, fc2 (weight + bias); 2 LNs
+        attention = (h * hq, h * hkv, h * hkv, hq * h) * (2 if decoder else 1)
+        return attention + (h * f, f * h) + (h,) * (3 if decoder else 2)
+    qkv = hq + 2 * hkv                              # qkv, proj, fc1, fc2 (weight, bias); 2 LNs
+    return (h * qkv, qkv, hq * h, h, h * f, f, f * h, h, h, h, h, h)
 
 
 def embedding_parameters(dims: TransformerDims) -> tuple[int, int]:

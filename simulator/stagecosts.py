@@ -133,8 +133,9 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     e = element_bytes(t.precision)
     slow = 1.0 / oh.zero3_collectives(t.framework)
     deepspeed = t.framework == "deepspeed"
-    calls = block_parameter_tensors(ctx.dims, decoder=decoder) if deepspeed else 1
-    ag = calls * collective("all_gather", "auto", params * e / calls, group, topo) * slow
+    tensors = (block_parameter_tensors(ctx.dims, decoder=decoder) if deepspeed
+               else (block_parameters(ctx.dims, decoder=decoder),))
+    ag = sum(collective("all_gather", "auto", n / p.tensor * e, group, topo) for n in tensors) * slow
     rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
     regather = ag if (deepspeed and t.recompute == "full") else 0.0
     if p.overlap_param_gather:

@@ -65,6 +65,15 @@ def test_block_parameters_agree_with_the_cost_model(name):
     assert blocks == {block_parameters(dims)}
 
 
+@pytest.mark.parametrize("name", ["gpt2", "llama2-70b", "bert-large", "t5-3b"])
+def test_parameter_tensors_add_up_to_the_block(name):
+    from simulator.memory import block_parameter_tensors
+    dims = preset_dims(name)
+    for decoder in (False, True) if dims.arch == "t5" else (False,):
+        assert sum(block_parameter_tensors(dims, decoder=decoder)) == block_parameters(
+            dims, decoder=decoder)
+
+
 def test_activations_match_megatron_with_sequence_parallel(cal):
     """compute_activation_memory (SP + selective), first pipeline stage, 1F1B with m >= p."""
     tp, pp, m = 4, 4, 16
