@@ -13,7 +13,8 @@ pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 
 overhead, the fp8 GEMM fraction, the attention-kernel fraction, and DeepSpeed's and FSDP's kernel
 fractions relative to Megatron-LM, and DeepSpeed's ZeRO-3 collective fraction (the fit rows
 NAR21-11 and -14 ran DeepSpeed 0.3's synchronous gathers, so their step shows the gathers). Not
-fitted: the per-block overhead (0; earlier fits put it at zero).
+fitted: the per-block overhead (0; earlier fits put it at zero) and the slowdown of kernels beside
+an overlapped collective (training.yaml's `overlap_slowdown`, a published measurement).
 """
 from __future__ import annotations
 
@@ -32,13 +33,16 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from planner.catalog import load_catalog  # noqa: E402
-from simulator.overheads import TRAINING_FILE, Overheads  # noqa: E402
+from simulator.overheads import TRAINING_FILE, Overheads, load_overheads  # noqa: E402
 from simulator.step import simulate  # noqa: E402
 from simulator.validation import load_split, run_validation, summarize  # noqa: E402
 
 
 FAMILIES = ("v100", "a100", "h100")
 DELTA = 0.1
+# Not fitted: the fit rows do not tell it apart from the kernel fractions (a free fit runs to its
+# bound). Kept at the published measurement that training.yaml cites.
+OVERLAP_SLOWDOWN = load_overheads().overlap_slowdown
 
 
 def _frac(v, low: float = 0.3) -> float:
@@ -52,7 +56,7 @@ def overheads(x) -> Overheads:
     default = float(np.median(fracs))
     return Overheads(default, by_family, 0.0, max(0.0, float(x[3])), _frac(x[4]), _frac(x[5]),
                      {"deepspeed": _frac(x[6]), "fsdp": _frac(x[7])},
-                     {"deepspeed": _frac(x[8], 0.05)})
+                     {"deepspeed": _frac(x[8], 0.05)}, OVERLAP_SLOWDOWN)
 
 
 def errors(x, rows, catalog):
@@ -89,6 +93,7 @@ def main() -> int:
     for name in ("deepspeed", "fsdp"):
         print(f"  framework_fraction {name:9s} {best.framework(name):.3f}")
     print(f"  zero3_collective_fraction deepspeed {best.zero3_collectives('deepspeed'):.3f}")
+    print(f"  overlap_slowdown          {best.overlap_slowdown:.3f} (measured, not fitted)")
 
     all_errs = errors(res.x, None, catalog)
     for group in ("fit", "holdout"):

@@ -12,6 +12,8 @@ other; only the last bucket of the rank's last chunk cannot overlap at all. Algo
 """
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from planner.modelspec import TransformerDims
 from planner.stages import chunk_ranges
 from simulator.compute import element_bytes
@@ -71,40 +73,60 @@ def reduction_time(ctx: StepContext, topo: Topology, params: float) -> float:
 
 def param_gather_time(ctx: StepContext, topo: Topology, params: float) -> float:
     """ZeRO-1/2: all-gather of the updated 16-bit parameters (exposed unless overlapped)."""
+    return 0.0 if ctx.parallel.overlap_param_gather else _param_gather(ctx, topo, params)
+
+
+def _hidden_param_gather_time(ctx: StepContext, topo: Topology, params: float) -> float:
+    """ZeRO-1/2 with `overlap_param_gather`: the all-gather that runs beside the next forward."""
+    return _param_gather(ctx, topo, params) if ctx.parallel.overlap_param_gather else 0.0
+
+
+def _param_gather(ctx: StepContext, topo: Topology, params: float) -> float:
     p = ctx.parallel
-    if p.data <= 1 or p.zero not in (1, 2) or p.overlap_param_gather:
+    if p.data <= 1 or p.zero not in (1, 2):
         return 0.0
     e = element_bytes(ctx.training.precision)
     return collective("all_gather", "auto", params * e, _dp_group(ctx), topo)
 
 
 def dp_finish_times(ctx: StepContext, topo: Topology, cal, timeline, costs, rank_ends,
-                    *, trace: bool = False):
-    """Per pipeline rank, when its gradients are reduced (>= its last backward)."""
+                    contention: Callable[[float], float] = lambda comm_s: 0.0, *,
+                    trace: bool = False):
+    """Per pipeline rank, when its gradients are reduced (>= its last backward).
+
+    Overlapped collectives slow the kernels beside them: `contention(comm_s)` (Overheads.contention;
+    by default none) delays the backward a bucketed reduction runs beside, and the next step's
+    first forward beside the overlapped ZeRO-1/2 parameter all-gather."""
     p = ctx.parallel
     params = chunk_parameters(ctx.dims, ctx)
     ends, spans = [], []
     for r in range(p.pipeline):
         chunks = sorted(range(r, len(params), p.pipeline),
                         key=lambda c: timeline.last_backward_s[c])
-        lane = 0.0
+        lane, delay = 0.0, 0.0
         for c in chunks:
             t_red = reduction_time(ctx, topo, params[c])
             if t_red <= 0:
                 continue
-            done = timeline.last_backward_s[c]
+            done = timeline.last_backward_s[c] + delay
             last_bucket = t_red * min(1.0, BUCKET_PARAMS / max(params[c], 1.0))
             if p.overlap_grad_reduce:
                 ready = done - costs.backward_s[c]
                 start = max(ready, lane)
+                beside = max(0.0, min(start + t_red, done) - start)     # runs beside the backward
+                delay += contention(beside)
+                done = timeline.last_backward_s[c] + delay
                 lane = max(start + t_red, done + last_bucket)
             else:
-                start = max(done, lane, rank_ends[r])
+                start = max(done, lane, rank_ends[r] + delay)
                 lane = start + t_red
             if trace:
                 spans.append(Span(r, "dp", f"{c}REDUCE_GRAD", start, lane, "comm"))
-        gather = param_gather_time(ctx, topo, sum(params[c] for c in chunks))
-        ends.append(max(rank_ends[r], lane) + gather)
+        total = sum(params[c] for c in chunks)
+        gather = param_gather_time(ctx, topo, total)
+        hidden = _hidden_param_gather_time(ctx, topo, total)
+        delay += contention(hidden)
+        ends.append(max(rank_ends[r] + delay, lane) + gather)
     return ends, spans
 
 

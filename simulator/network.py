@@ -17,6 +17,7 @@ inter steps * inter; tree 2 * ((ranks per node - 1) * intra + log2(nodes) * inte
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.errors import PartitaError
@@ -416,13 +417,15 @@ class CpRing:
 
 
 def cp_ring_time(kv_bytes: float, cp: int, same_node: bool, topo: Topology, *,
-                 attention_s: float = 0.0, concurrent: int | None = None) -> CpRing:
+                 attention_s: float = 0.0, concurrent: int | None = None,
+                 overlap: Callable[[float, float], float] = max) -> CpRing:
     """Context parallelism (ring attention): cp-1 steps, each passing this rank's K,V block
     (`kv_bytes`; pass K,V plus dK,dV for the backward) to the next rank while attending over the
-    block received before. Step i's transfer hides behind step i's compute (attention_s / cp)."""
+    block received before. Step i's transfer hides behind step i's compute (attention_s / cp):
+    a step costs overlap(compute, transfer), by default the ideal max."""
     if cp <= 1:
         return CpRing(0.0, 0.0)
     step = p2p(kv_bytes, same_node, topo, concurrent=concurrent)
     compute = attention_s / cp
-    total = compute + (cp - 1) * max(step, compute)
+    total = compute + (cp - 1) * overlap(compute, step)
     return CpRing((cp - 1) * step, max(0.0, total - attention_s))

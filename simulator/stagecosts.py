@@ -82,13 +82,18 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
     fwd, bwd, bwd_w = compute_f, compute_b + lt.recompute_s, lt.bwd_weight_s
 
     tp_f = tp_b = 0.0
-    if p.tensor > 1 and not p.tp_comm_overlap:
+    if p.tensor > 1:
         nbytes = element_bytes(t.precision) * t.micro_batch * d.seq_len / p.context * d.hidden
         group = Group(p.tensor, min(p.tensor, ctx.placement.gpus_per_node))
         per_op = collective("allreduce", "auto", nbytes, group, topo)
         ops = 3 if decoder else 2
         tp_f = ops * per_op
         tp_b = ops * per_op + (tp_f if t.recompute == "full" else 0.0)
+    if p.tp_comm_overlap:
+        # Transformer Engine's userbuffers split the GEMMs and move the TP data between chunks,
+        # mostly by peer-to-peer copies (copy engines), not NCCL kernels on the SMs: the ideal
+        # max, without the NCCL contention of `Overheads.overlapped`.
+        tp_f, tp_b = max(fwd, tp_f) - fwd, max(bwd, tp_b) - bwd
     _add(parts, "tp_comm", tp_f + tp_b)
     fwd, bwd = fwd + tp_f, bwd + tp_b
 
@@ -100,9 +105,9 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
         attn_f = lt.parts.get("attention_fwd", 0.0)
         attn_b = lt.parts.get("attention_bwd", 0.0)
         cf = cp_ring_time(kv, p.context, shape.intra_only, topo, attention_s=attn_f,
-                          concurrent=shape.sharing).exposed_s
+                          concurrent=shape.sharing, overlap=oh.overlapped).exposed_s
         cb = cp_ring_time(2 * kv, p.context, shape.intra_only, topo, attention_s=attn_b,
-                          concurrent=shape.sharing).exposed_s
+                          concurrent=shape.sharing, overlap=oh.overlapped).exposed_s
         _add(parts, "cp_comm", cf + cb)
         fwd, bwd = fwd + cf, bwd + cb
 
@@ -116,7 +121,8 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     """ZeRO-3: per-block parameter all-gathers and gradient reduce-scatter (Rajbhandari et al. 2020,
     Sec. 7.2.2). With `overlap_param_gather` (prefetching: DeepSpeed's prefetch buckets, FSDP's
     forward/backward prefetch) they overlap the neighbouring block's compute, so a block costs
-    max(compute, communication); without it they run between the block's kernels and add to them
+    `Overheads.overlapped(compute, communication)`; without it they run between the block's
+    kernels and add to them
     (DeepSpeed 0.3.x: every parameter all-gather synchronised the device, DeepSpeed PR #1188).
 
     DeepSpeed gathers tensor by tensor (its hooks fetch each submodule's parameters; one collective
@@ -139,7 +145,7 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
     regather = ag if (deepspeed and t.recompute == "full") else 0.0
     if p.overlap_param_gather:
-        new_f, new_b = max(fwd, ag), max(bwd, ag + regather + rs)
+        new_f, new_b = oh.overlapped(fwd, ag), oh.overlapped(bwd, ag + regather + rs)
     else:
         new_f, new_b = fwd + ag, bwd + ag + regather + rs
     _add(parts, "fsdp_comm", (new_f - fwd) + (new_b - bwd))

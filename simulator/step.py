@@ -55,7 +55,7 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
 
     rank_compute_end = _rank_ends(timeline, p.pipeline)
     dp_end, dp_spans = dp_finish_times(ctx, topo, cal, timeline, costs, rank_compute_end,
-                                       trace=trace)
+                                       oh.contention, trace=trace)
     opt_s = optimizer_time(ctx, cal)
     overhead_s = oh.step_overhead_s
     critical = max(range(p.pipeline), key=lambda r: (dp_end[r], -r))

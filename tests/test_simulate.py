@@ -162,6 +162,8 @@ def test_shipped_examples_simulate():
     ("framework_fraction: {jax: 0.5}\n", "framework_fraction.jax: unknown key"),
     ("zero3_collective_fraction: {deepspeed: 2}\n",
      "zero3_collective_fraction.deepspeed: must be in (0, 1], got 2"),
+    ("overlap_slowdown: -0.1\n", "overlap_slowdown: must be >= 0, got -0.1"),
+    ("overlap_slowdown: fast\n", "overlap_slowdown: expected a number"),
 ])
 def test_bad_overheads_file_names_the_key(tmp_path, text, message):
     from planner.errors import PartitaError
@@ -211,3 +213,44 @@ def test_zero3_gathers_without_prefetch_add_to_compute():
         assert serial.step_time_s > hidden.step_time_s
         assert serial.breakdown_s["fsdp_comm"] > hidden.breakdown_s.get("fsdp_comm", 0.0)
         assert serial.breakdown_s["compute"] == pytest.approx(hidden.breakdown_s["compute"])
+
+
+def test_overlapped_by_hand():
+    """A collective beside kernels slows them by k while it runs (Overheads.overlapped)."""
+    from simulator.overheads import Overheads
+    ideal = Overheads()
+    assert ideal.overlapped(1.0, 0.5) == 1.0 and ideal.overlapped(1.0, 3.0) == 3.0
+    k = Overheads(overlap_slowdown=0.25)
+    # 0.5 s of collective beside 1 s of kernels: 0.5 / 1.25 = 0.4 s of kernel work done beside it,
+    # the other 0.6 s after: 1.1 s.
+    assert k.overlapped(1.0, 0.5) == pytest.approx(1.1)
+    assert k.overlapped(1.0, 1.25) == pytest.approx(1.25)     # the kernels just fit beside it
+    assert k.overlapped(1.0, 2.0) == 2.0                       # the collective sets the time
+    assert k.overlapped(1.0, 0.0) == 1.0
+    assert k.contention(0.5) == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("doc", [
+    _framework_doc("fsdp"),                                   # ZeRO-3 prefetched gathers
+    small(tensor=1, pipeline=1, data=16),                     # DDP buckets beside the backward
+    small(tensor=1, pipeline=2, data=8, zero=1),              # distributed optimizer
+], ids=["zero3", "ddp", "zero1"])
+def test_overlap_slowdown_slows_steps_with_hidden_collectives(doc):
+    from simulator.overheads import Overheads
+    catalog = load_catalog()
+    doc["parallel"]["overlap_grad_reduce"] = True
+    doc["parallel"]["overlap_param_gather"] = True
+    doc["training"].update(global_batch=512, micro_batch=16)     # compute long enough to hide them
+    times = [simulate(parse_scenario(doc), catalog, overheads=Overheads(overlap_slowdown=k)).step_time_s
+             for k in (0.0, 0.2, 0.4)]
+    assert times[0] < times[1] < times[2]
+
+
+def test_overlap_slowdown_leaves_steps_without_collectives_alone():
+    from simulator.overheads import Overheads
+    catalog = load_catalog()
+    doc = small(tensor=1, pipeline=2, data=1)
+    doc["cluster"]["gpus"] = 2
+    a = simulate(parse_scenario(doc), catalog, overheads=Overheads())
+    b = simulate(parse_scenario(doc), catalog, overheads=Overheads(overlap_slowdown=0.4))
+    assert a.step_time_s == b.step_time_s
