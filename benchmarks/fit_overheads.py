@@ -84,7 +84,8 @@ def main() -> int:
     res = least_squares(residuals, start - 1e-3 * (start == high), bounds=(low, high),
                         loss="soft_l1", f_scale=DELTA, diff_step=1e-3, xtol=1e-4, max_nfev=200)
     best = overheads(res.x)
-    print(f"fitted in {time.time() - t0:.0f} s ({res.nfev} iterations over {len(fit_rows)} fit rows)")
+    print(f"fitted in {time.time() - t0:.0f} s ({res.nfev} iterations over {len(res.fun)} simulable "
+          f"fit rows)")
     for family in FAMILIES:
         print(f"  sustained_matmul_fraction {family} {best.sustained(family):.3f}")
     print(f"  step_overhead_s           {best.step_overhead_s:.3f}")

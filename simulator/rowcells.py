@@ -103,15 +103,19 @@ def metric_value(row: dict[str, str], notes: list[str]) -> float:
     return value
 
 
-def degrees(row: dict[str, str], notes: list[str]) -> tuple[int, int, int, int]:
-    """(tp, pp, dp, cp); cp from 'CP=n' in other_parallelism, else 1."""
+def degrees(row: dict[str, str]) -> tuple[int, int, int, int]:
+    """(tp, pp, dp, cp); cp from 'CP=n' in other_parallelism, else 1.
+
+    A degree the source does not state (the CSV marks a guess '(assumed ...)' or '(if ...)') makes
+    the row not fully specified: the parallel layout sets most of the step time, and a simulated
+    guess would judge the guess, not the simulator."""
     out = []
     for col in ("tp", "pp", "dp"):
         value, rest = leading_int(row[col])
         if value is None:
             raise Skip("incomplete", f"parallel degrees not stated ({col} = {row[col] or 'empty'!r})")
         if "assum" in rest or "if " in rest:
-            notes.append(f"{col} {value}: not stated by the source, the CSV says {row[col]!r}")
+            raise Skip("incomplete", f"parallel layout not stated by the source ({col} = {row[col]!r})")
         out.append(value)
     cp = re.search(r"\bCP\s*=\s*(\d+)", row["other_parallelism"])
     return out[0], out[1], out[2], int(cp.group(1)) if cp else 1

@@ -195,7 +195,7 @@ def map_row(row: dict[str, str], rules: Rules, origin: str = "") -> MappedRow | 
 
 def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[str, Any]:
     """The scenario document for a row (sections model, cluster, training, parallel)."""
-    tp, pp, dp, cp = cells.degrees(row, notes)
+    tp, pp, dp, cp = cells.degrees(row)
     model = cells.model_section(row, tp, notes)
     seq_len = model["seq_len"]
     gpus = cells.required_int(row, "num_gpus")
