@@ -18,7 +18,7 @@ from planner.modelspec import TransformerDims
 from planner.stages import chunk_ranges
 from simulator.compute import element_bytes
 from simulator.context import StepContext
-from simulator.memory import block_parameters, embedding_parameters, grad_bytes, head_parameters
+from simulator.memory import chunk_blocks, grad_bytes, held_parameters
 from simulator.network import Group, Topology, collective
 from simulator.result import Span
 
@@ -34,22 +34,13 @@ def chunk_parameters(dims: TransformerDims, ctx: StepContext) -> list[float]:
     if ctx.profile is not None:
         from simulator import profiled
         return profiled.chunk_parameters(ctx)
-    p = ctx.parallel
-    ranges = chunk_ranges(dims.total_layers, p)
-    word, replicated = embedding_parameters(dims)
-    table, head_extra = head_parameters(dims)
+    ranges = chunk_ranges(dims.total_layers, ctx.parallel)
     out = []
     for i, (a, b) in enumerate(ranges):
-        n_dec = max(0, b - max(a, dims.layers)) if dims.arch == "t5" else 0
-        n = (b - a - n_dec) * block_parameters(dims) + n_dec * block_parameters(dims, decoder=True)
-        n /= p.tensor
-        if i == 0:
-            n += word / p.tensor + replicated
-        if i == len(ranges) - 1:
-            n += head_extra + table / p.tensor
-            if len(ranges) > 1 and dims.tie_embeddings:
-                n += word / p.tensor
-        out.append(n)
+        enc, dec = chunk_blocks(dims, a, b)
+        out.append(held_parameters(dims, tp=ctx.parallel.tensor, blocks=enc, decoder_blocks=dec,
+                                   first=i == 0, last=i == len(ranges) - 1,
+                                   pipelined=len(ranges) > 1))
     return out
 
 

@@ -110,6 +110,30 @@ def head_parameters(dims: TransformerDims) -> tuple[int, int]:
     return table, extra
 
 
+def chunk_blocks(dims: TransformerDims, first_layer: int, end_layer: int) -> tuple[int, int]:
+    """(encoder-or-only blocks, t5 decoder blocks) among layers [first_layer, end_layer) of
+    dims.total_layers: a t5 model's decoder blocks follow its `layers` encoder blocks."""
+    enc = max(0, min(end_layer, dims.layers) - first_layer)
+    return enc, (end_layer - first_layer) - enc
+
+
+def held_parameters(dims: TransformerDims, *, tp: int, blocks: int, decoder_blocks: int = 0,
+                    first: bool, last: bool, pipelined: bool) -> float:
+    """Parameters one tensor-parallel rank holds for `blocks` (+ `decoder_blocks`) blocks, with the
+    embedding on the first stage and the head on the last; a pipelined model with tied
+    embeddings keeps a copy of the word table on the last stage too (Megatron-LM)."""
+    word, replicated = embedding_parameters(dims)
+    table, head_extra = head_parameters(dims)
+    params = (blocks * block_parameters(dims) + decoder_blocks * block_parameters(dims, decoder=True)) / tp
+    if first:
+        params += word / tp + replicated
+    if last:
+        params += head_extra + table / tp
+        if pipelined and dims.tie_embeddings:
+            params += word / tp
+    return params
+
+
 def grad_bytes(precision: str) -> int:
     """Bytes per gradient element held and reduced across data parallelism (ZeRO 0/1).
 
@@ -203,15 +227,8 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     if blocks is None:
         blocks, decoder_blocks = dims.layers, dims.decoder_layers
     shard = dp * cp
-    word, replicated = embedding_parameters(dims)
-    table, head_extra = head_parameters(dims)
-    params = (blocks * block_parameters(dims) + decoder_blocks * block_parameters(dims, decoder=True)) / tp
-    if first:
-        params += word / tp + replicated
-    if last:
-        params += head_extra + table / tp
-        if pipeline > 1 and dims.tie_embeddings:
-            params += word / tp                 # Megatron keeps a copy of the tied table here
+    params = held_parameters(dims, tp=tp, blocks=blocks, decoder_blocks=decoder_blocks, first=first,
+                             last=last, pipelined=pipeline > 1)
     w, g, o = bytes_per_parameter(precision, optimizer, zero, shard)
     kw = dict(tp=tp, sp=sp, cp=cp, precision=precision, recompute=recompute,
               flash_attention=flash_attention)
@@ -246,10 +263,9 @@ def _stage_blocks(dims: TransformerDims, parallel: ParallelSpec) -> list[tuple[i
     ranges = chunk_ranges(dims.total_layers, parallel)
     out = [[0, 0] for _ in range(p)]
     for chunk, (a, b) in enumerate(ranges):
-        rank = chunk % p
-        enc = max(0, min(b, dims.layers) - a)
-        out[rank][0] += enc
-        out[rank][1] += (b - a) - enc
+        enc, dec = chunk_blocks(dims, a, b)
+        out[chunk % p][0] += enc
+        out[chunk % p][1] += dec
     return [(e, d) for e, d in out]
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from planner.stages import chunk_ranges
 from simulator.compute import LayerTimes, element_bytes, embedding_times, head_times, layer_times
 from simulator.context import StepContext
-from simulator.memory import block_parameter_tensors, block_parameters
+from simulator.memory import block_parameter_tensors, block_parameters, chunk_blocks
 from simulator.network import Group, Topology, collective, cp_ring_time, p2p
 from simulator.overheads import Overheads
 
@@ -168,8 +168,7 @@ def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads) -> list[Ch
     ranges = chunk_ranges(d.total_layers, p)
     out = []
     for i, (a, b) in enumerate(ranges):
-        n_dec = max(0, b - max(a, d.layers)) if dec is not None else 0
-        n_enc = (b - a) - n_dec
+        n_enc, n_dec = chunk_blocks(d, a, b)
         f = n_enc * enc.fwd_s + (n_dec * dec.fwd_s if dec else 0.0)
         bw = n_enc * enc.bwd_s + (n_dec * dec.bwd_s if dec else 0.0)
         w = n_enc * enc.bwd_weight_s + (n_dec * dec.bwd_weight_s if dec else 0.0)
