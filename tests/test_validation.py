@@ -84,6 +84,8 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("NAR21-17", "parallel", "pipeline", 12),
     ("NAR21-11", "parallel", "zero", 3),
     ("NAR21-11", "parallel", "overlap_grad_reduce", True),
+    ("MTNLG-01", "parallel", "overlap_param_gather", False),   # DeepSpeed ZeRO-1 gathers in step()
+    ("MLM24-05", "parallel", "overlap_param_gather", True),
     ("NAR21-01", "training", "recompute", "full"),
     ("MLMRD-01", "model", "vocab", 51200),                   # GPT-2 BPE padded to 128 x tp 8
     ("MLMRD-01", "cluster", "system", "dgx-a100-80gb"),
