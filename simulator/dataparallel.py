@@ -63,16 +63,8 @@ def reduction_time(ctx: StepContext, topo: Topology, params: float) -> float:
 
 
 def param_gather_time(ctx: StepContext, topo: Topology, params: float) -> float:
-    """ZeRO-1/2: all-gather of the updated 16-bit parameters (exposed unless overlapped)."""
-    return 0.0 if ctx.parallel.overlap_param_gather else _param_gather(ctx, topo, params)
-
-
-def _hidden_param_gather_time(ctx: StepContext, topo: Topology, params: float) -> float:
-    """ZeRO-1/2 with `overlap_param_gather`: the all-gather that runs beside the next forward."""
-    return _param_gather(ctx, topo, params) if ctx.parallel.overlap_param_gather else 0.0
-
-
-def _param_gather(ctx: StepContext, topo: Topology, params: float) -> float:
+    """ZeRO-1/2: all-gather of the updated 16-bit parameters (exposed, or beside the next forward
+    with `overlap_param_gather`)."""
     p = ctx.parallel
     if p.data <= 1 or p.zero not in (1, 2):
         return 0.0
@@ -113,10 +105,9 @@ def dp_finish_times(ctx: StepContext, topo: Topology, cal, timeline, costs, rank
                 lane = start + t_red
             if trace:
                 spans.append(Span(r, "dp", f"{c}REDUCE_GRAD", start, lane, "comm"))
-        total = sum(params[c] for c in chunks)
-        gather = param_gather_time(ctx, topo, total)
-        hidden = _hidden_param_gather_time(ctx, topo, total)
-        delay += contention(hidden)
+        gather = param_gather_time(ctx, topo, sum(params[c] for c in chunks))
+        if p.overlap_param_gather:
+            delay, gather = delay + contention(gather), 0.0
         ends.append(max(rank_ends[r] + delay, lane) + gather)
     return ends, spans
 
