@@ -12,7 +12,9 @@ Fitted end to end by benchmarks/fit_overheads.py on the fit rows of the validati
 - per training framework (`training.framework`), the fraction of Megatron-LM's kernel throughput
   it sustains (fused kernels, Python-driven schedules), and the fraction of the modelled
   bandwidth its ZeRO-3 parameter gathers and gradient scatters reach;
-- how much slower kernels run while a collective runs beside them on the same GPU (`overlapped`).
+- how much slower kernels run while a collective runs beside them on the same GPU (`overlapped`);
+- the per-rank host work of collectives called with a Python list of per-rank tensors
+  (`list_collective`; measured by benchmarks/bench_host_collective.py, not fitted).
 """
 from __future__ import annotations
 
@@ -26,7 +28,8 @@ from planner.paths import CALIBRATION_DIR
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
 KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "block_overhead_us", "step_overhead_s",
         "attention_fraction", "framework_fraction", "zero3_collective_fraction",
-        "overlap_slowdown", "source")
+        "overlap_slowdown", "list_collective_host_us", "source")
+LIST_COLLECTIVES = ("all_gather", "reduce_scatter")
 FAMILIES = ("default", "v100", "a100", "h100", "h200")
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 
@@ -43,6 +46,8 @@ class Overheads:
     framework_fraction: dict[str, float] = field(default_factory=dict, hash=False)
     zero3_collective_fraction: dict[str, float] = field(default_factory=dict, hash=False)
     overlap_slowdown: float = 0.0      # kernels run (1 + this) slower beside a running collective
+    # Host seconds per rank to build a collective's list of per-rank tensors (see `list_collective`).
+    list_collective_host_s: dict[str, float] = field(default_factory=dict, hash=False)
 
     def overlapped(self, compute_s: float, comm_s: float) -> float:
         """Seconds for `compute_s` of kernels with `comm_s` of collectives overlapped beside them.
@@ -61,6 +66,23 @@ class Overheads:
         """Seconds a collective running `comm_s` beside kernels delays them: comm k / (1 + k)."""
         k = self.overlap_slowdown
         return comm_s * k / (1.0 + k)
+
+    def list_collective(self, kind: str, ranks: int, copy_s: float) -> float:
+        """Seconds one collective called with a Python list of `ranks` per-rank tensors adds to
+        its transfer. DeepSpeed 0.3's ZeRO-3 gathers and scatters every parameter this way
+        (partition_parameters.py `_allgather_param`, `_reduce_scatter_gradient`: a Python loop
+        narrows the flat buffer once per rank, then `torch.distributed.all_gather` /
+        `reduce_scatter` on the list), and torch's NCCL process group copies each list entry out
+        of (or into) its flat buffer, one copy per rank (ProcessGroupNCCL.cpp `allgather`,
+        `flatten_for_scatter_gather`); PR #1188 removed those copies for that reason. Per rank: the
+        exposed host loop (`list_collective_host_us`) and the copy of that rank's share, `copy_s`
+        seconds (memory-bound, at least the GPU's shortest kernel). A gather's loop is exposed: every gather first synchronised the
+        device, so the GPU waits for the loop. A gradient scatter's loop runs in a backward hook while
+        the GPU still works through the block's backward kernels, so training.yaml gives it 0; its
+        copies remain. 0 for a kind without an entry, and for collectives on flat buffers (FSDP,
+        DeepSpeed >= 0.4)."""
+        host = self.list_collective_host_s.get(kind)
+        return 0.0 if host is None else ranks * (host + copy_s)
 
     def framework(self, name: str) -> float:
         """Kernel throughput a framework sustains relative to Megatron-LM (1.0 if not fitted)."""
@@ -102,7 +124,16 @@ def _load(path: str, mtime: int) -> Overheads:
                      _fraction(c, "attention_fraction"),
                      _per_framework(c, "framework_fraction"),
                      _per_framework(c, "zero3_collective_fraction"),
-                     _nonnegative(c, "overlap_slowdown"))
+                     _nonnegative(c, "overlap_slowdown"), _list_collective_host(c))
+
+
+def _list_collective_host(c: Checker) -> dict[str, float]:
+    key = "list_collective_host_us"
+    if not c.has(key):
+        return {}
+    sub = c.sub(key)
+    sub.only(LIST_COLLECTIVES + ("source",))
+    return {kind: _nonnegative(sub, kind) * 1e-6 for kind in LIST_COLLECTIVES if sub.has(kind)}
 
 
 def _fraction(c: Checker, key: str) -> float:

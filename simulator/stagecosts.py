@@ -15,16 +15,22 @@ The result keeps the parts apart so the step summary can say where the time went
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from planner.stages import chunk_ranges
-from simulator.compute import LayerTimes, element_bytes, embedding_times, head_times, layer_times
+from simulator.compute import (LayerTimes, element_bytes, elementwise_time, embedding_times,
+                               head_times, layer_times)
 from simulator.context import StepContext
 from simulator.memory import block_parameter_tensors, block_parameters, chunk_blocks
 from simulator.network import Group, Topology, collective, cp_ring_time, p2p
 from simulator.overheads import Overheads
 
 FSDP_GRAD_BYTES = 2      # ZeRO-3/FSDP reduce-scatter in the 16-bit compute dtype (DeepSpeed, FSDP2)
+# DeepSpeed ZeRO-3 keeps parameters below this many elements whole on every rank, gathered once
+# after the optimizer step (stage3_param_persistence_threshold, default 100000 since ZeRO-3's
+# release: stage3.py `param_persistence_threshold=100000`): biases and norms are not re-gathered.
+DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
 
 
 @dataclass(frozen=True)
@@ -112,12 +118,14 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
         fwd, bwd = fwd + cf, bwd + cb
 
     if p.zero >= 3 and p.data * p.context > 1:
-        fwd, bwd, bwd_w = _fsdp(ctx, topo, oh, decoder, fwd, bwd, bwd_w, parts)
+        fwd, bwd, bwd_w = _fsdp(ctx, topo, oh, decoder, fwd, bwd, bwd_w, parts,
+                                copy_s=lambda nbytes: elementwise_time(2 * nbytes, gpu, cal))
     return BlockCost(fwd, bwd, bwd_w, parts)
 
 
 def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: float, bwd: float,
-          bwd_w: float, parts: dict[str, float]) -> tuple[float, float, float]:
+          bwd_w: float, parts: dict[str, float], *,
+          copy_s: Callable[[float], float] = lambda nbytes: 0.0) -> tuple[float, float, float]:
     """ZeRO-3: per-block parameter all-gathers and gradient reduce-scatter (Rajbhandari et al. 2020,
     Sec. 7.2.2). With `overlap_param_gather` (prefetching: DeepSpeed's prefetch buckets, FSDP's
     forward/backward prefetch) they overlap the neighbouring block's compute, so a block costs
@@ -126,11 +134,17 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     (DeepSpeed 0.3.x: every parameter all-gather synchronised the device, DeepSpeed PR #1188).
 
     DeepSpeed gathers tensor by tensor (its hooks fetch each submodule's parameters; one collective
-    per parameter tensor, each paying the collective's latency), FSDP one flat parameter per block.
+    per parameter tensor, each paying the collective's latency; tensors under
+    DEEPSPEED_PERSISTENCE_THRESHOLD elements stay whole and are not gathered), FSDP one flat
+    parameter per block.
     Under full recompute DeepSpeed gathers a block's parameters a third time: its hooks release them
     after every submodule forward, and the recomputed forward runs those hooks again (FSDP gathers
     once for the recompute and the backward: its pre-backward hook unshards the whole unit). The
-    framework's collectives run at `zero3_collective_fraction` of the modelled bandwidth."""
+    framework's collectives run at `zero3_collective_fraction` of the modelled bandwidth.
+    DeepSpeed without prefetching is DeepSpeed 0.3 (see above): it also reduce-scattered tensor by
+    tensor, and each of its gathers and scatters built a list of per-rank tensors, which costs
+    `Overheads.list_collective` per call: per rank, host work and a copy of that rank's share
+    (`copy_s(bytes)`: read and write, at least the GPU's shortest kernel)."""
     p, t = ctx.parallel, ctx.training
     params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
     shape = ctx.placement.dp_group()
@@ -139,10 +153,19 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     e = element_bytes(t.precision)
     slow = 1.0 / oh.zero3_collectives(t.framework)
     deepspeed = t.framework == "deepspeed"
-    tensors = (block_parameter_tensors(ctx.dims, decoder=decoder) if deepspeed
-               else (block_parameters(ctx.dims, decoder=decoder),))
-    ag = sum(collective("all_gather", "auto", n / p.tensor * e, group, topo) for n in tensors) * slow
-    rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
+    tensors = (tuple(n / p.tensor for n in block_parameter_tensors(ctx.dims, decoder=decoder))
+               if deepspeed else (params,))
+    gathered = tuple(n for n in tensors if not deepspeed or n >= DEEPSPEED_PERSISTENCE_THRESHOLD)
+    ag = sum(collective("all_gather", "auto", n * e, group, topo) for n in gathered) * slow
+    if deepspeed and not p.overlap_param_gather:        # DeepSpeed 0.3: per tensor, from lists
+        rs = sum(collective("reduce_scatter", "auto", n * FSDP_GRAD_BYTES, group, topo)
+                 for n in tensors) * slow
+        n = group.ranks
+        ag += sum(oh.list_collective("all_gather", n, copy_s(t * e / n)) for t in gathered)
+        rs += sum(oh.list_collective("reduce_scatter", n, copy_s(t * FSDP_GRAD_BYTES / n))
+                  for t in tensors)
+    else:
+        rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
     regather = ag if (deepspeed and t.recompute == "full") else 0.0
     if p.overlap_param_gather:
         new_f, new_b = oh.overlapped(fwd, ag), oh.overlapped(bwd, ag + regather + rs)

@@ -164,6 +164,8 @@ def test_shipped_examples_simulate():
      "zero3_collective_fraction.deepspeed: must be in (0, 1], got 2"),
     ("overlap_slowdown: -0.1\n", "overlap_slowdown: must be >= 0, got -0.1"),
     ("overlap_slowdown: fast\n", "overlap_slowdown: expected a number"),
+    ("list_collective_host_us: {all_gather: -1}\n", "list_collective_host_us.all_gather: must be >= 0"),
+    ("list_collective_host_us: {broadcast: 1}\n", "list_collective_host_us.broadcast: unknown key"),
 ])
 def test_bad_overheads_file_names_the_key(tmp_path, text, message):
     from planner.errors import PartitaError
@@ -213,6 +215,51 @@ def test_zero3_gathers_without_prefetch_add_to_compute():
         assert serial.step_time_s > hidden.step_time_s
         assert serial.breakdown_s["fsdp_comm"] > hidden.breakdown_s.get("fsdp_comm", 0.0)
         assert serial.breakdown_s["compute"] == pytest.approx(hidden.breakdown_s["compute"])
+
+
+def test_list_collective_by_hand():
+    """A collective on a Python list of per-rank tensors (DeepSpeed 0.3): per rank, the host loop
+    and one copy kernel; none for a kind without an entry."""
+    from simulator.overheads import Overheads
+    oh = Overheads(list_collective_host_s={"all_gather": 4e-6, "reduce_scatter": 0.0})
+    assert oh.list_collective("all_gather", 1000, 3e-6) == pytest.approx(7e-3)   # loop + copy
+    assert oh.list_collective("reduce_scatter", 1000, 3e-6) == pytest.approx(3e-3)   # copies only
+    assert Overheads().list_collective("all_gather", 1000, 3e-6) == 0.0
+
+
+def test_list_collectives_grow_with_ranks_only_for_deepspeed_without_prefetch():
+    """DeepSpeed 0.3's synchronous per-tensor list gathers cost more with every rank; FSDP's flat
+    gathers and prefetched DeepSpeed do not pay it."""
+    from simulator.overheads import Overheads
+    catalog = load_catalog()
+    plain, listed = Overheads(), Overheads(list_collective_host_s={"all_gather": 4e-6})
+
+    def extra(framework: str, prefetch: bool, gpus: int) -> float:
+        doc = _framework_doc(framework)
+        doc["cluster"]["gpus"], doc["parallel"]["data"] = gpus, gpus
+        doc["training"].update(global_batch=gpus, micro_batch=1)
+        doc["parallel"]["overlap_param_gather"] = prefetch
+        s = parse_scenario(doc)
+        return (simulate(s, catalog, overheads=listed).step_time_s
+                - simulate(s, catalog, overheads=plain).step_time_s)
+
+    small_n, large_n = extra("deepspeed", False, 64), extra("deepspeed", False, 256)
+    assert small_n > 0 and large_n == pytest.approx(4 * small_n, rel=1e-6)
+    assert extra("fsdp", False, 256) == 0.0 and extra("deepspeed", True, 256) == 0.0
+
+
+def test_deepspeed_does_not_gather_tensors_under_the_persistence_threshold(monkeypatch):
+    """stage3_param_persistence_threshold (100,000 elements): biases and norms stay whole, so only
+    the weight matrices are gathered per block; gathering everything costs more latency."""
+    from simulator import stagecosts
+    from simulator.overheads import Overheads
+    catalog = load_catalog()
+    doc = _framework_doc("deepspeed")
+    doc["parallel"]["overlap_param_gather"] = False
+    kept = simulate(parse_scenario(doc), catalog, overheads=Overheads()).breakdown_s["fsdp_comm"]
+    monkeypatch.setattr(stagecosts, "DEEPSPEED_PERSISTENCE_THRESHOLD", 0)
+    every = simulate(parse_scenario(doc), catalog, overheads=Overheads()).breakdown_s["fsdp_comm"]
+    assert every > kept
 
 
 def test_overlapped_by_hand():
