@@ -76,11 +76,11 @@ class Overheads:
         of (or into) its flat buffer, one copy per rank (ProcessGroupNCCL.cpp `allgather`,
         `flatten_for_scatter_gather`); PR #1188 removed those copies for that reason. Per rank: the
         exposed host loop (`list_collective_host_us`) and the copy of that rank's share, `copy_s`
-        seconds (memory-bound, at least the GPU's shortest kernel). A gather's loop is exposed: every gather first synchronised the
-        device, so the GPU waits for the loop. A gradient scatter's loop runs in a backward hook while
-        the GPU still works through the block's backward kernels, so training.yaml gives it 0; its
-        copies remain. 0 for a kind without an entry, and for collectives on flat buffers (FSDP,
-        DeepSpeed >= 0.4)."""
+        seconds (memory-bound, at least the GPU's shortest kernel). A gather's loop is exposed:
+        every gather first synchronised the device, so the GPU waits for the loop. A gradient
+        scatter's loop runs in a backward hook while the GPU still works through the block's
+        backward kernels, so training.yaml gives it 0; its copies remain. 0 for a kind without an
+        entry, and for collectives on flat buffers (FSDP, DeepSpeed >= 0.4)."""
         host = self.list_collective_host_s.get(kind)
         return 0.0 if host is None else ranks * (host + copy_s)
 
