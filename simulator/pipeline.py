@@ -18,6 +18,9 @@ pipeline communication), which is also what an executor sees when it waits on a 
 
 The timeline also carries, per stage, when its last backward finished (its data-parallel gradient
 reduction may start then) and the peak number of micro-batches with live activations.
+
+`compile_schedule` reduces a schedule to its compute actions and peaks once; `simulator.step`
+keeps the compiled form of each schedule it builds, so a sweep times costs, not list walking.
 """
 from __future__ import annotations
 
@@ -128,22 +131,73 @@ class PipelineTimeline:
         return 1.0 - sum(self.busy_s) / len(self.busy_s) / self.makespan_s
 
 
-def simulate_pipeline(schedule: Schedule, costs: PipelineCosts, *, trace: bool = False,
-                      check: bool = True) -> PipelineTimeline:
+@dataclass(frozen=True)
+class CompiledSchedule:
+    """A schedule reduced to what timing it needs, computed once per (schedule, p, m, v).
+
+    `ops[r]` holds rank r's compute actions in order as (code, stage, micro-batch, slot): code
+    0-3 is F, B, I, W and slot the dependency it waits on (see `_Run`). The peaks are
+    `peak_inflight` and `peak_inflight_by_rank` of the schedule. Nothing here depends on costs, so
+    a planner sweeping costs over one schedule shares it.
+    """
+    ops: tuple[tuple[tuple[int, int, int, int], ...], ...]
+    num_stages: int
+    num_microbatches: int
+    peak_inflight: tuple[int, ...]
+    peak_inflight_rank: tuple[int, ...]
+
+    @property
+    def num_ranks(self) -> int:
+        return len(self.ops)
+
+
+def compile_schedule(schedule: Schedule, stages: int) -> CompiledSchedule:
+    """`schedule`'s compute actions for `stages` model chunks (a multiple of its ranks)."""
+    p = len(schedule)
+    if p == 0 or stages % p:
+        raise PartitaError(f"costs describe {stages} stages, not a multiple of the "
+                           f"schedule's {p} ranks")
+    m = _num_microbatches(schedule)
+    size = stages * m
+    ops = []
+    for r in range(p):
+        out = []
+        for a in schedule[r]:
+            if a is None or a.kind not in COMPUTE_KINDS:
+                continue
+            code, s, mb = _CODE[a.kind], a.stage, a.microbatch
+            if not 0 <= s < stages or mb is None or not 0 <= mb < m:
+                raise PartitaError(f"action {a} is outside the {stages} stages and "
+                                   f"{m} micro-batches of the costs")
+            slot = (0 if code == _F else 1 if code != _W else 2) * size + s * m + mb
+            out.append((code, s, mb, slot))
+        ops.append(tuple(out))
+    per_stage, per_rank = peak_inflight(schedule), peak_inflight_by_rank(schedule)
+    return CompiledSchedule(tuple(ops), stages, m,
+                            tuple(per_stage.get(s, 0) for s in range(stages)),
+                            tuple(per_rank.get(r, 0) for r in range(p)))
+
+
+def simulate_pipeline(schedule: Schedule | CompiledSchedule, costs: PipelineCosts, *,
+                      trace: bool = False, check: bool = True) -> PipelineTimeline:
     """Time `schedule` (compute actions; comm actions and bubbles are ignored) with `costs`.
 
     `check=False` skips `validate` in hot loops; a schedule that cannot finish still raises.
+    A `CompiledSchedule` comes from `compile_schedule`, which does not validate.
     """
-    p = len(schedule)
-    if p == 0 or costs.num_stages % p:
-        raise PartitaError(f"costs describe {costs.num_stages} stages, not a multiple of the "
-                           f"schedule's {p} ranks")
-    m = _num_microbatches(schedule)
-    if check:
-        validate(schedule, p, m, costs.num_stages // p)
-    run = _Run(schedule, costs, m, trace)
+    if isinstance(schedule, CompiledSchedule):
+        compiled = schedule
+        if compiled.num_stages != costs.num_stages:
+            raise PartitaError(f"costs describe {costs.num_stages} stages, the compiled "
+                               f"schedule {compiled.num_stages}")
+    else:
+        if check and schedule and costs.num_stages % len(schedule) == 0:
+            validate(schedule, len(schedule), _num_microbatches(schedule),
+                     costs.num_stages // len(schedule))
+        compiled = compile_schedule(schedule, costs.num_stages)
+    run = _Run(compiled, costs, trace)
     run.go()
-    return run.timeline(schedule)
+    return run.timeline()
 
 
 def _num_microbatches(schedule: Schedule) -> int:
@@ -160,17 +214,20 @@ def _num_microbatches(schedule: Schedule) -> int:
 class _Run:
     """The state of one simulation. Dependency slots: [F input | B/I input | W input] x (stage, mb)."""
 
-    def __init__(self, schedule: Schedule, costs: PipelineCosts, m: int, trace: bool):
-        self.p, self.m, self.costs, self.trace = len(schedule), m, costs, trace
+    def __init__(self, compiled: CompiledSchedule, costs: PipelineCosts, trace: bool):
+        self.compiled, self.costs, self.trace = compiled, costs, trace
+        self.p, self.m = compiled.num_ranks, compiled.num_microbatches
         self.stages = costs.num_stages
-        size = self.stages * m
+        size = self.stages * self.m
         self.size = size
         self.ready = [-1.0] * (3 * size)          # when the input of the slot exists
         self.sent = [-1.0] * (3 * size)           # when its producer finished (if transferred)
         self.waiter = [-1] * (3 * size)
-        for mb in range(m):
+        for mb in range(self.m):
             self.ready[mb] = 0.0                  # stage 0's F waits for nothing
-        self.ops = [self._compile(schedule[r], costs) for r in range(self.p)]
+        self.ops = compiled.ops
+        self.durations = (costs.forward_s, costs.backward_s, costs.backward_input_s,
+                          costs.backward_weight_s)
         self.pos = [0] * self.p
         self.lane_free = [0.0] * self.p
         self.send_free = [0.0] * self.p
@@ -181,23 +238,6 @@ class _Run:
         self.spans: list[Span] = []
         self.activation_s, self.gradient_s = costs.activation_s, costs.gradient_s
         self.loop = EventLoop()
-
-    def _compile(self, actions: list[Action | None], costs: PipelineCosts) -> list[tuple]:
-        """(code, stage, mb, duration, slot it waits on) per compute action."""
-        back_in = costs.backward_input_s
-        out = []
-        for a in actions:
-            if a is None or a.kind not in COMPUTE_KINDS:
-                continue
-            code, s, mb = _CODE[a.kind], a.stage, a.microbatch
-            if not 0 <= s < self.stages or mb is None or not 0 <= mb < self.m:
-                raise PartitaError(f"action {a} is outside the {self.stages} stages and "
-                                   f"{self.m} micro-batches of the costs")
-            dur = (costs.forward_s[s], costs.backward_s[s], back_in[s],
-                   costs.backward_weight_s[s])[code]
-            slot = (0 if code == _F else 1 if code != _W else 2) * self.size + s * self.m + mb
-            out.append((code, s, mb, dur, slot))
-        return out
 
     def go(self) -> None:
         for r in range(self.p):
@@ -213,7 +253,7 @@ class _Run:
 
     def _try_start(self, r: int) -> None:
         op = self.ops[r][self.pos[r]]
-        slot = op[4]
+        slot = op[3]
         t = self.ready[slot]
         if t < 0:
             self.waiter[slot] = r
@@ -224,15 +264,15 @@ class _Run:
             if produced >= 0 and t > (free if free > produced else produced):
                 self._recv_wait(r, op[0], op[1], op[2], free if free > produced else produced, t)
             free = t
-        self.loop.at(free + op[3], self._finish, r, free)
+        self.loop.at(free + self.durations[op[0]][op[1]], self._finish, r, free)
 
     def _finish(self, r: int, start: float) -> None:
         ops = self.ops[r]
         pos = self.pos[r]
         op = ops[pos]
-        code, s, mb, dur = op[0], op[1], op[2], op[3]
+        code, s, mb = op[0], op[1], op[2]
         end = self.loop.now
-        self.busy[r] += dur
+        self.busy[r] += self.durations[code][s]
         if self.trace:
             self.spans.append(Span(r, "compute", self._name(op), start, end, _CAT[code]))
         pos += 1
@@ -305,14 +345,12 @@ class _Run:
         code, s, mb = op[0], op[1], op[2]
         return f"{s}{'FBIW'[code]}{mb}"
 
-    def timeline(self, schedule: Schedule) -> PipelineTimeline:
-        per_stage = peak_inflight(schedule)
-        per_rank = peak_inflight_by_rank(schedule)
+    def timeline(self) -> PipelineTimeline:
         spans = sorted(self.spans, key=lambda x: (x.rank, x.lane, x.start_s, x.end_s, x.name))
         return PipelineTimeline(
             makespan_s=max(max(self.lane_free), max(self.send_free)),
             busy_s=tuple(self.busy), recv_wait_s=tuple(self.recv_wait),
             send_s=tuple(self.send_busy), last_backward_s=tuple(self.last_bwd),
-            peak_inflight=tuple(per_stage.get(s, 0) for s in range(self.stages)),
-            peak_inflight_rank=tuple(per_rank.get(r, 0) for r in range(self.p)),
+            peak_inflight=self.compiled.peak_inflight,
+            peak_inflight_rank=self.compiled.peak_inflight_rank,
             num_microbatches=self.m, spans=tuple(spans))

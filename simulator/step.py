@@ -15,6 +15,8 @@ Every rank of a data-parallel replica runs the same pipeline, so one pipeline is
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 from planner.costmodel import model_flops_per_step
 from planner.schedule import build
 from simulator.calibration import load_calibration
@@ -23,7 +25,7 @@ from simulator.dataparallel import dp_finish_times, optimizer_time
 from simulator.memory import pipeline_memory
 from simulator.network import build_topology
 from simulator.overheads import Overheads, load_overheads
-from simulator.pipeline import PipelineCosts, simulate_pipeline
+from simulator.pipeline import CompiledSchedule, PipelineCosts, compile_schedule, simulate_pipeline
 from simulator.result import SimResult, Span
 from simulator.stagecosts import chunk_costs, p2p_costs
 
@@ -47,8 +49,8 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     costs = PipelineCosts(tuple(c.forward_s for c in chunks), tuple(c.backward_s for c in chunks),
                           tuple(c.backward_weight_s for c in chunks), tuple(act), tuple(grad),
                           tuple(same))
-    schedule = build(p.schedule, p.pipeline, ctx.microbatches, p.virtual_stages)
-    timeline = simulate_pipeline(schedule, costs, trace=trace, check=False)
+    schedule = compiled_schedule(p.schedule, p.pipeline, ctx.microbatches, p.virtual_stages)
+    timeline = simulate_pipeline(schedule, costs, trace=trace)
     # The fill and the drain each cross every chunk boundary once on the critical path
     # ((m + p - 1)(f + b) + (p - 1)(a + g) for uniform 1F1B), the steady state hides the rest.
     critical_p2p = sum(act) + sum(grad)
@@ -73,6 +75,13 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     breakdown["step_overhead"] = overhead_s
     spans = _spans(timeline, dp_spans, opt_s, dp_end, p.pipeline) if trace else ()
     return _result(ctx, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
+
+
+@lru_cache(maxsize=64)
+def compiled_schedule(name: str, p: int, m: int, v: int) -> CompiledSchedule:
+    """The named schedule for p ranks, m micro-batches and v chunks per rank, built and compiled
+    once: a planner's sweep or a validation run simulates the same few schedules many times."""
+    return compile_schedule(build(name, p, m, v), p * v)
 
 
 def _rank_ends(timeline, pipeline: int) -> list[float]:

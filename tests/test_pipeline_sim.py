@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from planner.errors import PartitaError
 from planner.schedule import (NAMES, Action, add_comms, build, gpipe, interleaved_1f1b,
-                              one_f_one_b, zero_bubble_h1)
-from simulator.pipeline import PipelineCosts, simulate_pipeline
+                              one_f_one_b, peak_inflight_by_rank, zero_bubble_h1)
+from simulator.pipeline import PipelineCosts, compile_schedule, simulate_pipeline
 from simulator.result import Span
 from simulator.trace import chrome_trace, read_trace, spans_from_trace, write_trace
 
@@ -290,3 +290,21 @@ def test_trace_errors(tmp_path):
     lane = {"ph": "M", "name": "thread_name", "pid": 0, "tid": 0, "args": {"name": "compute"}}
     with pytest.raises(PartitaError, match="event '0F0' needs numeric ts and dur"):
         spans_from_trace({"traceEvents": [lane, {"ph": "X", "name": "0F0", "pid": 0, "tid": 0}]})
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("zero-bubble", 1),
+                                    ("interleaved-1f1b", 2)])
+def test_compiled_schedule_times_like_the_action_lists(name, v):
+    """The compiled form (shared by every simulation of one schedule) changes no number."""
+    p, m = 3, 6
+    n = p * v
+    costs = PipelineCosts((1.0, 1.5, 0.5, 2.0, 1.0, 0.75)[:n], (2.0, 3.0, 1.0, 4.5, 2.0, 1.5)[:n],
+                          (1.0, 1.0, 0.5, 2.0, 0.5, 0.5)[:n], (0.25,) * (n - 1), (0.5,) * (n - 1),
+                          (False,) * (n - 1))
+    schedule = build(name, p, m, v)
+    compiled = compile_schedule(schedule, p * v)
+    assert simulate_pipeline(compiled, costs, trace=True) == simulate_pipeline(schedule, costs,
+                                                                               trace=True)
+    assert compiled.peak_inflight_rank == tuple(peak_inflight_by_rank(schedule).values())
+    with pytest.raises(PartitaError, match="costs describe 2 stages, the compiled schedule"):
+        simulate_pipeline(compiled, PipelineCosts.uniform(2, 1.0, 2.0))
