@@ -16,7 +16,7 @@ NAR21-11 and -14 ran DeepSpeed 0.3's synchronous gathers, so their step shows th
 fitted: the per-block overhead (0; earlier fits put it at zero) and the slowdown of kernels beside
 an overlapped collective (training.yaml's `overlap_slowdown`, a published measurement) and the
 per-rank host work of list collectives (`list_collective_host_us`, measured by
-benchmarks/bench_host_collective.py).
+benchmarks/bench_host_collective.py) and of submitting their copies (`list_copy_host_us`).
 """
 from __future__ import annotations
 
@@ -48,6 +48,7 @@ _STORED = load_overheads()
 OVERLAP_SLOWDOWN = _STORED.overlap_slowdown
 # Not fitted either: measured by benchmarks/bench_host_collective.py.
 LIST_COLLECTIVE_HOST = _STORED.list_collective_host_s
+LIST_COPY_HOST = _STORED.list_copy_host_s
 
 
 def _frac(v, low: float = 0.3) -> float:
@@ -61,7 +62,8 @@ def overheads(x) -> Overheads:
     default = float(np.median(fracs))
     return Overheads(default, by_family, 0.0, max(0.0, float(x[3])), _frac(x[4]), _frac(x[5]),
                      {"deepspeed": _frac(x[6]), "fsdp": _frac(x[7])},
-                     {"deepspeed": _frac(x[8], 0.05)}, OVERLAP_SLOWDOWN, LIST_COLLECTIVE_HOST)
+                     {"deepspeed": _frac(x[8], 0.05)}, OVERLAP_SLOWDOWN, LIST_COLLECTIVE_HOST,
+                     LIST_COPY_HOST)
 
 
 def errors(x, rows, catalog):

@@ -14,7 +14,9 @@ Fitted end to end by benchmarks/fit_overheads.py on the fit rows of the validati
   bandwidth its ZeRO-3 parameter gathers and gradient scatters reach;
 - how much slower kernels run while a collective runs beside them on the same GPU (`overlapped`);
 - the per-rank host work of collectives called with a Python list of per-rank tensors
-  (`list_collective`; measured by benchmarks/bench_host_collective.py, not fitted).
+  (`list_collective`; measured by benchmarks/bench_host_collective.py, not fitted) and the host
+  time to submit each list entry's copy (`list_copy_host_us`: measured dispatch plus a published
+  `cudaMemcpyAsync` cost, not fitted).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from planner.paths import CALIBRATION_DIR
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
 KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "block_overhead_us", "step_overhead_s",
         "attention_fraction", "framework_fraction", "zero3_collective_fraction",
-        "overlap_slowdown", "list_collective_host_us", "source")
+        "overlap_slowdown", "list_collective_host_us", "list_copy_host_us", "source")
 LIST_COLLECTIVES = ("all_gather", "reduce_scatter")
 FAMILIES = ("default", "v100", "a100", "h100", "h200")
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
@@ -48,6 +50,8 @@ class Overheads:
     overlap_slowdown: float = 0.0      # kernels run (1 + this) slower beside a running collective
     # Host seconds per rank to build a collective's list of per-rank tensors (see `list_collective`).
     list_collective_host_s: dict[str, float] = field(default_factory=dict, hash=False)
+    # Host seconds to submit one list entry's copy (torch's copy_ and its cudaMemcpyAsync).
+    list_copy_host_s: float = 0.0
 
     def overlapped(self, compute_s: float, comm_s: float) -> float:
         """Seconds for `compute_s` of kernels with `comm_s` of collectives overlapped beside them.
@@ -75,14 +79,17 @@ class Overheads:
         `reduce_scatter` on the list), and torch's NCCL process group copies each list entry out
         of (or into) its flat buffer, one copy per rank (ProcessGroupNCCL.cpp `allgather`,
         `flatten_for_scatter_gather`); PR #1188 removed those copies for that reason. Per rank: the
-        exposed host loop (`list_collective_host_us`) and the copy of that rank's share, `copy_s`
-        seconds (memory-bound, at least the GPU's shortest kernel). A gather's loop is exposed:
+        exposed host loop (`list_collective_host_us`) and the copy of that rank's share. The host
+        submits each copy (`list_copy_host_us`: torch's `copy_` dispatch, then one
+        `cudaMemcpyAsync`, as ATen copies contiguous device tensors) while the GPU runs the one
+        before, `copy_s` seconds (memory-bound, at least the GPU's shortest kernel), so the slower
+        of the two paces the copies. A gather's loop is exposed:
         every gather first synchronised the device, so the GPU waits for the loop. A gradient
         scatter's loop runs in a backward hook while the GPU still works through the block's
         backward kernels, so training.yaml gives it 0; its copies remain. 0 for a kind without an
         entry, and for collectives on flat buffers (FSDP, DeepSpeed >= 0.4)."""
         host = self.list_collective_host_s.get(kind)
-        return 0.0 if host is None else ranks * (host + copy_s)
+        return 0.0 if host is None else ranks * (host + max(self.list_copy_host_s, copy_s))
 
     def framework(self, name: str) -> float:
         """Kernel throughput a framework sustains relative to Megatron-LM (1.0 if not fitted)."""
@@ -124,7 +131,8 @@ def _load(path: str, mtime: int) -> Overheads:
                      _fraction(c, "attention_fraction"),
                      _per_framework(c, "framework_fraction"),
                      _per_framework(c, "zero3_collective_fraction"),
-                     _nonnegative(c, "overlap_slowdown"), _list_collective_host(c))
+                     _nonnegative(c, "overlap_slowdown"), _list_collective_host(c),
+                     _nonnegative(c, "list_copy_host_us") * 1e-6)
 
 
 def _list_collective_host(c: Checker) -> dict[str, float]:

@@ -25,12 +25,12 @@ SUMMARY_KEYS = {"holdout": ("median_abs_pct", "p90_abs_pct", "max_abs_pct"), "fi
 
 # Ceilings on the hold-out error (absolute step-time error, percent) that no change may cross.
 # The issue's targets are 5 (median) and 10 (p90); the median meets its target, the p90 does not
-# yet (4.2 / 14.0 at the time of writing; 4.2 / 14.4, 5.3 / 16.0, 5.3 / 20.3 and 10.6 / 28.5 the
-# stops before),
+# yet (4.2 / 12.5 at the time of writing; 4.2 / 14.0, 4.2 / 14.4, 5.3 / 16.0, 5.3 / 20.3 and
+# 10.6 / 28.5 the stops before),
 # so the p90 ceiling holds today's line and is to be lowered towards 10 as the models improve;
 # neither is ever raised.
 HOLDOUT_MEDIAN_CEILING_PCT: float | None = 5.0
-HOLDOUT_P90_CEILING_PCT: float | None = 14.5
+HOLDOUT_P90_CEILING_PCT: float | None = 13.0
 
 UPDATE_HINT = "if the change is intended, rewrite with: pytest tests/test_golden.py --update-golden"
 

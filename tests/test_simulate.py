@@ -166,6 +166,7 @@ def test_shipped_examples_simulate():
     ("overlap_slowdown: fast\n", "overlap_slowdown: expected a number"),
     ("list_collective_host_us: {all_gather: -1}\n", "list_collective_host_us.all_gather: must be >= 0"),
     ("list_collective_host_us: {broadcast: 1}\n", "list_collective_host_us.broadcast: unknown key"),
+    ("list_copy_host_us: -2\n", "list_copy_host_us: must be >= 0"),
 ])
 def test_bad_overheads_file_names_the_key(tmp_path, text, message):
     from planner.errors import PartitaError
@@ -225,6 +226,13 @@ def test_list_collective_by_hand():
     assert oh.list_collective("all_gather", 1000, 3e-6) == pytest.approx(7e-3)   # loop + copy
     assert oh.list_collective("reduce_scatter", 1000, 3e-6) == pytest.approx(3e-3)   # copies only
     assert Overheads().list_collective("all_gather", 1000, 3e-6) == 0.0
+    # the host submits each copy while the GPU runs the one before: the slower of the two paces them
+    paced = Overheads(list_collective_host_s={"all_gather": 4e-6, "reduce_scatter": 0.0},
+                      list_copy_host_s=8e-6)
+    assert paced.list_collective("all_gather", 1000, 3e-6) == pytest.approx(12e-3)
+    assert paced.list_collective("reduce_scatter", 1000, 3e-6) == pytest.approx(8e-3)
+    assert paced.list_collective("reduce_scatter", 1000, 20e-6) == pytest.approx(20e-3)
+    assert paced.list_collective("broadcast", 1000, 3e-6) == 0.0
 
 
 def test_list_collectives_grow_with_ranks_only_for_deepspeed_without_prefetch():
