@@ -28,7 +28,7 @@ import math
 from dataclasses import dataclass, field
 
 from planner.errors import PartitaError
-from planner.schedule import (COMPUTE_KINDS, Action, ComputationType, Schedule, peak_inflight,
+from planner.schedule import (COMPUTE_KINDS, ComputationType, Schedule, peak_inflight,
                               peak_inflight_by_rank, validate)
 from simulator.events import EventLoop
 from simulator.result import Span
