@@ -191,10 +191,10 @@ def simulate_pipeline(schedule: Schedule | CompiledSchedule, costs: PipelineCost
             raise PartitaError(f"costs describe {costs.num_stages} stages, the compiled "
                                f"schedule {compiled.num_stages}")
     else:
-        if check and schedule and costs.num_stages % len(schedule) == 0:
-            validate(schedule, len(schedule), _num_microbatches(schedule),
-                     costs.num_stages // len(schedule))
         compiled = compile_schedule(schedule, costs.num_stages)
+        if check:
+            validate(schedule, compiled.num_ranks, compiled.num_microbatches,
+                     costs.num_stages // compiled.num_ranks)
     run = _Run(compiled, costs, trace)
     run.go()
     return run.timeline()
