@@ -33,6 +33,7 @@ from typing import Any
 
 from planner.documents import Checker, load_document
 from planner.errors import PartitaError, unknown_name
+from planner.scenario import FRAMEWORKS
 from planner.paths import CALIBRATION_DIR
 
 MB = 1e6
@@ -52,7 +53,8 @@ TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6),
                "base_latency_us": ("base_latency_s", 1e-6),
                "half_bandwidth_mb": ("half_bandwidth_bytes", MB)}
 TIER_REQUIRED = ("efficiency", "step_latency_us", "base_latency_us", "half_bandwidth_mb")
-MEMORY_KEYS = ("cuda_context_gib", "communication_buffers_gib", "fragmentation_fraction", "source",
+MEMORY_KEYS = ("cuda_context_gib", "communication_buffers_gib", "fragmentation_fraction",
+               "framework_buffers_gib", "source",
                "notes")
 
 
@@ -122,9 +124,12 @@ class MemoryCalibration:
     communication_buffers_bytes: float
     fragmentation_fraction: float
     source: tuple[str, ...] = ()
+    # Buffers a training framework allocates besides the model's tensors, by framework name.
+    framework_buffers_bytes: dict[str, float] = field(default_factory=dict, hash=False)
 
-    def reserve_bytes(self, allocated_bytes: float) -> float:
+    def reserve_bytes(self, allocated_bytes: float, framework: str = "megatron") -> float:
         return (self.cuda_context_bytes + self.communication_buffers_bytes
+                + self.framework_buffers_bytes.get(framework, 0.0)
                 + self.fragmentation_fraction * allocated_bytes)
 
 
@@ -301,6 +306,11 @@ def _parse_memory(c: Checker) -> dict[str, Any]:
             out[name] = c.number(key, positive=False) * GIB
     if c.has("fragmentation_fraction"):
         out["fragmentation_fraction"] = c.number("fragmentation_fraction", positive=False)
+    if c.has("framework_buffers_gib"):
+        sub = c.sub("framework_buffers_gib")
+        sub.only(FRAMEWORKS)
+        out["framework_buffers_bytes"] = {name: sub.number(name, positive=False) * GIB
+                                          for name in sub.mapping}
     if c.has("source"):
         out["source"] = _strings(c, "source")
     return out
@@ -369,7 +379,8 @@ def _build(merged: dict[str, Any], first_seen: dict[tuple[str, str], str],
     tiers = {name: _build_tier(name, value, first_seen.get(("tiers", name), where))
              for name, value in merged["tiers"].items()}
     memory = MemoryCalibration(m["cuda_context_bytes"], m["communication_buffers_bytes"],
-                               m["fragmentation_fraction"], tuple(m.get("source", ())))
+                               m["fragmentation_fraction"], tuple(m.get("source", ())),
+                               dict(m.get("framework_buffers_bytes", {})))
     return Calibration(gpus, default, tiers, memory, files)
 
 

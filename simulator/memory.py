@@ -12,7 +12,8 @@ Activations per transformer layer follow Korthikanti et al. 2022 ("Reducing Acti
 Recomputation", Sec. 4.1, Table 2): s*b*h*(34 + 5*a*s/h) bytes at 16-bit with no parallelism,
 (10 + 24/t + 5as/(ht)) with tensor parallelism, (34 + 5as/h)/t with sequence parallelism;
 selective recomputation drops the 5as/h attention-score term, full recomputation keeps only the
-layer input (2sbh). A flash-style attention kernel never stores the scores, so with
+layer input (2sbh) plus, while one block is recomputed for its backward, that block's whole
+activations (Chen et al. 2016, Sec. 4.1: checkpoints plus the largest segment). A flash-style attention kernel never stores the scores, so with
 `flash_attention=True` (the compute model's kernel) the 5as/h term is absent whatever the recompute.
 A rank holds the activations of the micro-batches in flight (`activation_microbatches`).
 """
@@ -143,9 +144,15 @@ def grad_bytes(precision: str) -> int:
     return 2 if precision == "fp16" else 4
 
 
-def bytes_per_parameter(precision: str, optimizer: str, zero: int,
-                        shard: int) -> tuple[float, float, float]:
-    """(weights, gradients, optimizer state) bytes per parameter on one GPU."""
+def bytes_per_parameter(precision: str, optimizer: str, zero: int, shard: int,
+                        framework: str = "megatron") -> tuple[float, float, float]:
+    """(weights, gradients, optimizer state) bytes per parameter on one GPU.
+
+    DeepSpeed's bf16 training without ZeRO-2/3 runs its BF16_Optimizer (deepspeed/runtime/
+    bf16_optimizer.py), which keeps the bf16 `.grad` and accumulates into a full fp32 copy of every
+    gradient (`fp32_groups_gradients`, not sharded): 2 + 4 bytes. BigScience's BLOOM log measured
+    it: "additional memory usage is 4bytes x params and it's not sharded across gpus"
+    (bigscience train/tr11-176B-ml/chronicles-prequel.md, 'Rebalancing layers')."""
     if optimizer not in OPTIMIZER_STATE_BYTES:
         raise PartitaError(f"training.optimizer: expected one of "
                            f"{', '.join(OPTIMIZER_STATE_BYTES)}, got {optimizer!r}")
@@ -154,6 +161,8 @@ def bytes_per_parameter(precision: str, optimizer: str, zero: int,
     wide = precision in ("fp32", "tf32")
     weights = 4.0 if wide else 2.0
     grads = float(grad_bytes(precision)) if (wide or zero < 2) else 2.0   # ZeRO-2/3: 16-bit
+    if framework == "deepspeed" and precision == "bf16" and zero < 2:
+        grads = 2.0 + 4.0                                   # BF16_Optimizer: bf16 + fp32 copy
     states = OPTIMIZER_STATE_BYTES[optimizer] + (0.0 if wide else 4.0)   # + fp32 master copy
     return (weights / shard if zero >= 3 else weights, grads / shard if zero >= 2 else grads,
             states / shard if zero >= 1 else states)
@@ -221,7 +230,8 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
                  recompute: str, cal: Calibration, tp: int = 1, dp: int = 1, cp: int = 1,
                  sp: bool = False, zero: int = 0, pipeline: int = 1, blocks: int | None = None,
                  decoder_blocks: int = 0, first: bool = True, last: bool = True,
-                 inflight: float = 1.0, flash_attention: bool = True) -> MemoryEstimate:
+                 inflight: float = 1.0, flash_attention: bool = True,
+                 framework: str = "megatron") -> MemoryEstimate:
     """Memory of one GPU holding `blocks` encoder/decoder-only blocks and `decoder_blocks` t5
     decoder blocks (default: the whole model), `inflight` micro-batches of activations."""
     if blocks is None:
@@ -229,7 +239,7 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     shard = dp * cp
     params = held_parameters(dims, tp=tp, blocks=blocks, decoder_blocks=decoder_blocks, first=first,
                              last=last, pipelined=pipeline > 1)
-    w, g, o = bytes_per_parameter(precision, optimizer, zero, shard)
+    w, g, o = bytes_per_parameter(precision, optimizer, zero, shard, framework)
     kw = dict(tp=tp, sp=sp, cp=cp, precision=precision, recompute=recompute,
               flash_attention=flash_attention)
     per_mb = (blocks * block_activation_bytes(dims, micro_batch, **kw)
@@ -240,6 +250,14 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
         per_mb += 8 * tokens + (tokens * h / (tp if sp else 1) if _has_dropout(dims) else 0.0)
     activations = per_mb * inflight
     details: dict[str, float] = {"parameter_count": params}
+    if recompute == "full" and blocks + decoder_blocks > 0:
+        # The backward re-runs one block's forward from its stored input and holds all that
+        # block's activations until its backward is done: checkpoints plus the largest segment
+        # (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", Sec. 4.1).
+        segment = block_activation_bytes(dims, micro_batch, **(kw | {"recompute": "none"}),
+                                         decoder=decoder_blocks > 0)
+        details["recompute_segment"] = segment
+        activations += segment
     other = 0.0
     if last:                      # final-norm and head inputs, fp32 logits in the loss
         e = element_bytes(precision)
@@ -252,7 +270,7 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
         details["zero3_gathered"] = gathered
         other += gathered
     allocated = params * (w + g + o) + activations + other
-    reserve = cal.memory.reserve_bytes(allocated)
+    reserve = cal.memory.reserve_bytes(allocated, framework)
     details["framework_reserve"] = reserve
     return MemoryEstimate(params * w, params * g, params * o, activations, other + reserve, details)
 
@@ -290,5 +308,5 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
             tp=parallel.tensor, dp=parallel.data, cp=parallel.context,
             sp=parallel.sequence_parallel, zero=parallel.zero, pipeline=p, blocks=enc,
             decoder_blocks=dec, first=(rank == 0), last=(rank == p - 1), inflight=held,
-            flash_attention=flash_attention))
+            flash_attention=flash_attention, framework=training.framework))
     return tuple(out)

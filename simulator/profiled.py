@@ -92,7 +92,7 @@ def pipeline_memory(ctx, cal, inflight) -> tuple[MemoryEstimate, ...]:
     p, t = ctx.parallel, ctx.training
     layers = ctx.profile.layers
     ranges = chunk_ranges(len(layers), p)
-    w, g, o = bytes_per_parameter(t.precision, t.optimizer, p.zero, p.data)
+    w, g, o = bytes_per_parameter(t.precision, t.optimizer, p.zero, p.data, t.framework)
     out = []
     for rank in range(p.pipeline):
         mine = [l for c in range(rank, len(ranges), p.pipeline)
@@ -100,8 +100,10 @@ def pipeline_memory(ctx, cal, inflight) -> tuple[MemoryEstimate, ...]:
         params = sum(l.params for l in mine)
         kept = "output_bytes" if t.recompute == "full" else "activation_bytes"
         activations = sum(getattr(l, kept) for l in mine) * inflight[rank]
+        if t.recompute == "full" and mine:      # one layer re-run whole for its backward
+            activations += max(l.activation_bytes for l in mine)
         allocated = params * (w + g + o) + activations
-        reserve = cal.memory.reserve_bytes(allocated)
+        reserve = cal.memory.reserve_bytes(allocated, t.framework)
         out.append(MemoryEstimate(params * w, params * g, params * o, activations, reserve,
                                   {"framework_reserve": reserve}))
     return tuple(out)

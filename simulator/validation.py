@@ -19,6 +19,8 @@ from planner.paths import VALIDATION_DIR
 from simulator.rowmap import MappedRow, Rules, SkippedRow, load_rules, map_row, read_rows
 
 DEFAULT_SPLIT = VALIDATION_DIR / "split.yaml"
+MEMORY_CSV = VALIDATION_DIR / "published_memory.csv"      # runs with a published peak memory
+MEMORY_SPLIT = VALIDATION_DIR / "split_memory.yaml"
 GROUPS = ("fit", "holdout")
 
 
@@ -85,14 +87,16 @@ class Report:
         rows = [r for r in self.results if r.error is not None and group in (None, r.group)]
         return summarize([r.error for r in rows])
 
-    def memory_summary(self) -> Summary:
-        return summarize([r.memory_error for r in self.results if r.memory_error is not None])
+    def memory_summary(self, group: str | None = None) -> Summary:
+        return summarize([r.memory_error for r in self.results
+                          if r.memory_error is not None and group in (None, r.group)])
 
     def to_json(self) -> dict[str, Any]:
         return {
             "csv": self.csv, "split_rule": self.split_rule,
             "summary": {g: self.summary(g).to_json() for g in GROUPS} | {"all": self.summary().to_json(),
-                                                                          "memory": self.memory_summary().to_json()},
+                                                                          "memory": self.memory_summary().to_json()}
+            | {f"memory_{g}": self.memory_summary(g).to_json() for g in GROUPS},
             "rows": [_row_json(r) for r in self.results],
             "skipped": [{"id": s.row_id, "model": s.model, "kind": s.kind, "reason": s.reason}
                         for s in self.skipped],

@@ -283,6 +283,10 @@ BAD = [
     ({"gpus": {"x": {"matmul": {"fp16": {"like_precision": "bf16"}}}}},
      r"gpus\.x\.matmul\.fp16\.like_precision: no measured data for 'bf16'"),
     ({"gpu": {}}, r"gpu: unknown key; did you mean 'gpus'"),
+    ({"memory": {"framework_buffers_gib": {"deepspeeed": 1.0}}},
+     r"memory\.framework_buffers_gib\.deepspeeed: unknown key; did you mean 'deepspeed'"),
+    ({"memory": {"framework_buffers_gib": {"fsdp": "big"}}},
+     r"memory\.framework_buffers_gib\.fsdp: expected a number, got 'big'"),
 ]
 
 

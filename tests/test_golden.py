@@ -2,6 +2,8 @@
 
 tests/golden/validation_summary.json holds the hold-out median / p90 / max and the fit median of
 `partita validate` (absolute error, percent); a move of more than 0.5 percentage point fails.
+tests/golden/memory_summary.json holds the same for the peak memory of `partita validate --memory`
+(data/validation/published_memory.csv, split by data/validation/split_memory.yaml).
 tests/golden/predictions.json holds step_time_s and peak_memory_gib of every data/scenarios/*.yaml
 with a parallel section; a relative move of more than 1e-9 fails. Rewrite both on purpose with
 `pytest tests/test_golden.py --update-golden` and commit the diff with the change that caused it.
@@ -18,6 +20,7 @@ from planner.paths import SCENARIOS_DIR
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
 SUMMARY_FILE = GOLDEN / "validation_summary.json"
+MEMORY_SUMMARY_FILE = GOLDEN / "memory_summary.json"
 PREDICTIONS_FILE = GOLDEN / "predictions.json"
 SUMMARY_TOLERANCE_PCT = 0.5          # percentage points
 PREDICTION_RTOL = 1e-9
@@ -25,12 +28,16 @@ SUMMARY_KEYS = {"holdout": ("median_abs_pct", "p90_abs_pct", "max_abs_pct"), "fi
 
 # Ceilings on the hold-out error (absolute step-time error, percent) that no change may cross.
 # The issue's targets are 5 (median) and 10 (p90); the median meets its target, the p90 does not
-# yet (4.2 / 12.5 at the time of writing; 4.2 / 14.0, 4.2 / 14.4, 5.3 / 16.0, 5.3 / 20.3 and
+# yet (4.2 / 12.3 at the time of writing; 4.2 / 12.5, 4.2 / 14.0, 4.2 / 14.4, 5.3 / 16.0, 5.3 / 20.3 and
 # 10.6 / 28.5 the stops before),
 # so the p90 ceiling holds today's line and is to be lowered towards 10 as the models improve;
 # neither is ever raised.
 HOLDOUT_MEDIAN_CEILING_PCT: float | None = 5.0
-HOLDOUT_P90_CEILING_PCT: float | None = 13.0
+HOLDOUT_P90_CEILING_PCT: float | None = 12.5
+
+# The issue's memory target: peak memory within 10% of the published figures. The hold-out p90 of
+# the measured BLOOM peaks meets it (2.4 / 9.1 when written); never raised.
+MEMORY_HOLDOUT_P90_CEILING_PCT = 10.0
 
 UPDATE_HINT = "if the change is intended, rewrite with: pytest tests/test_golden.py --update-golden"
 
@@ -105,6 +112,22 @@ def test_holdout_error_within_issue_targets(validation_summary):
         assert holdout["median_abs_pct"] <= HOLDOUT_MEDIAN_CEILING_PCT
     if HOLDOUT_P90_CEILING_PCT is not None:
         assert holdout["p90_abs_pct"] <= HOLDOUT_P90_CEILING_PCT
+
+
+@pytest.fixture(scope="module")
+def memory_summary(shipped_catalog) -> dict:
+    from simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
+    report = run_validation(MEMORY_CSV, split=load_split(MEMORY_SPLIT), catalog=shipped_catalog)
+    return {group: report.memory_summary(group).to_json() for group in SUMMARY_KEYS}
+
+
+def test_memory_summary_holds(memory_summary, update_golden):
+    _check(MEMORY_SUMMARY_FILE, memory_summary, update_golden, compare_summary)
+
+
+def test_memory_holdout_within_issue_target(memory_summary):
+    assert memory_summary["holdout"]["count"] > 0
+    assert memory_summary["holdout"]["p90_abs_pct"] <= MEMORY_HOLDOUT_P90_CEILING_PCT
 
 
 def shipped_predictions(catalog) -> dict[str, dict[str, float]]:

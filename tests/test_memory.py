@@ -197,9 +197,42 @@ def test_logits_and_framework_reserve(cal):
     tokens = 2 * GPT.seq_len
     assert m.details["logits"] == pytest.approx(2 * 2 * tokens * GPT.hidden + 4 * tokens * GPT.vocab / 2)
     allocated = m.allocated_bytes
-    reserve = 0.75 * 2**30 + 0.25 * 2**30 + 0.05 * allocated
+    mem = cal.memory
+    reserve = (mem.cuda_context_bytes + mem.communication_buffers_bytes
+               + mem.fragmentation_fraction * allocated)
     assert m.details["framework_reserve"] == pytest.approx(reserve, rel=1e-6)
     assert abs(m.total_bytes - sum(m.breakdown().values())) <= len(m.breakdown())   # rounding
+    # DeepSpeed adds its own buffers (memory.yaml framework_buffers_gib), Megatron-LM none
+    ds = stage_memory(GPT, micro_batch=2, precision="fp16", optimizer="adam", recompute="full",
+                      cal=cal, tp=2, framework="deepspeed")
+    mg = stage_memory(GPT, micro_batch=2, precision="fp16", optimizer="adam", recompute="full",
+                      cal=cal, tp=2)
+    assert ds.allocated_bytes == mg.allocated_bytes
+    assert ds.total_bytes - mg.total_bytes == pytest.approx(
+        mem.framework_buffers_bytes["deepspeed"], abs=2)
+
+
+def test_full_recompute_holds_one_block_whole_while_it_reruns(cal):
+    """Chen et al. 2016: checkpoints (every block's input) plus the largest segment, one block."""
+    kw = dict(micro_batch=2, precision="bf16", optimizer="adam", cal=cal, tp=2, blocks=6,
+              inflight=3.0, flash_attention=False)
+    full = stage_memory(GPT, recompute="full", **kw)
+    inputs = block_activation_bytes(GPT, 2, tp=2, recompute="full", flash_attention=False)
+    whole = block_activation_bytes(GPT, 2, tp=2, recompute="none", flash_attention=False)
+    first = 8 * 2 * GPT.seq_len + 2 * GPT.seq_len * GPT.hidden       # token ids + dropout mask
+    assert full.details["recompute_segment"] == pytest.approx(whole)
+    assert full.activations == pytest.approx(3.0 * (6 * inputs + first) + whole)
+    none = stage_memory(GPT, recompute="none", **kw)
+    assert "recompute_segment" not in none.details
+
+
+def test_deepspeed_bf16_keeps_an_fp32_copy_of_every_gradient():
+    """BF16_Optimizer: bf16 .grad plus an unsharded fp32 accumulation buffer (ZeRO 0/1 only)."""
+    assert bytes_per_parameter("bf16", "adam", 1, 8, "deepspeed") == (2, 6, 1.5)
+    assert bytes_per_parameter("bf16", "adam", 0, 1, "deepspeed") == (2, 6, 12)
+    assert bytes_per_parameter("fp16", "adam", 1, 8, "deepspeed") == (2, 2, 1.5)
+    assert bytes_per_parameter("bf16", "adam", 2, 8, "deepspeed") == (2, 0.25, 1.5)
+    assert bytes_per_parameter("bf16", "adam", 1, 8, "megatron") == (2, 4, 1.5)
 
 
 def test_t5_decoder_blocks_and_stage_split(cal):

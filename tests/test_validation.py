@@ -417,3 +417,32 @@ def test_a_guessed_parallel_layout_is_not_fully_specified():
         m = map_row(rows[rid], rules)
         assert isinstance(m, SkippedRow) and m.kind == "incomplete"
         assert "parallel layout not stated by the source (tp = '8 (assumed" in m.reason
+
+
+# --- the published peak-memory runs ------------------------------------------------------------
+
+def test_memory_csv_rows_all_carry_a_peak_and_mostly_map():
+    from simulator.validation import MEMORY_CSV, MEMORY_SPLIT
+    rows = read_rows(MEMORY_CSV)
+    assert len(rows) >= 60 and all(float(r["peak_memory_GiB"]) > 0 for r in rows)
+    rules = load_rules()
+    mapped = [map_row(r, rules, origin=str(MEMORY_CSV)) for r in rows]
+    usable = [m for m in mapped if isinstance(m, MappedRow)]
+    assert len(usable) >= 60 and all(m.measured_peak_memory_gib > 0 for m in usable)
+    fit = load_split(MEMORY_SPLIT).fit
+    assert fit <= {m.row_id for m in usable}
+    assert 0.25 <= len(fit) / len(usable) <= 0.40          # a third, the rest held out
+    # the log's pre-02-28 runs are fp16 (its 'Rebalancing layers' note), the 02-28 ones bf16
+    by_id = {m.row_id: m for m in usable}
+    assert by_id["BLMEM-07"].scenario.training.precision == "fp16"
+    assert by_id["BLMEM-61"].scenario.training.precision == "bf16"
+
+
+def test_cli_memory_report_splits_fit_and_holdout(standin, capsys):
+    assert main(["validate", "--memory", "--rows", "BLMEM-01,BLMEM-02,BLMEM-03"]) == 0
+    out = capsys.readouterr().out
+    assert "Peak memory per GPU" in out and "[memory 67 GiB, predicted 40.0 (-40.3%)]" in out
+    assert "BLMEM-02" in out and " fit " in out and "frozen at 21 of 62" in out
+    assert main(["validate", "--memory", "--rows", "BLMEM-01,BLMEM-02", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["summary"]["memory_fit"]["count"] == 1 and doc["summary"]["memory_holdout"]["count"] == 1

@@ -5,11 +5,13 @@ Usage:
     partita validate my_runs.csv --split my_split.yaml
     partita validate --rows NAR21-01,MPT-25 --verbose
     partita validate --json > validation.json
+    partita validate --memory                     # data/validation/published_memory.csv, its split
 
 Prints one line per simulated row (measured and predicted seconds per step, error =
 predicted/measured - 1, fit or hold-out group, the assumptions made to read the row), the rows
 that could not be simulated and why, and the summary (median, p90, max, mean absolute error) for
-the fit and hold-out groups apart. It is a report: exit 0 whatever the errors; exit 1 only on bad
+the fit and hold-out groups apart; for rows with a measured peak memory (`peak_memory_GiB`) the
+predicted peak and its error too, and a memory summary per group. It is a report: exit 0 whatever the errors; exit 1 only on bad
 input (missing CSV, unknown column, unknown row id, malformed split file).
 """
 from __future__ import annotations
@@ -32,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--rows", metavar="ID,...", default=None, help="only these row ids")
     p.add_argument("--split", metavar="FILE", default=None,
                    help="fit/hold-out split (YAML with fit: [ids]); default data/validation/split.yaml")
+    p.add_argument("--memory", action="store_true",
+                   help="the published peak-memory runs: data/validation/published_memory.csv with "
+                        "its split (split_memory.yaml) unless CSV / --split are given")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="full assumptions and conversion per row, one line per skipped row")
     add_catalog_option(p)
@@ -42,9 +47,15 @@ def run(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
     from simulator.validation import load_split, run_validation
 
+    from simulator.validation import MEMORY_CSV, MEMORY_SPLIT
+
     rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
-    split = load_split(args.split)
-    report = run_validation(args.csv, rows=rows, split=split, catalog=catalog_from_args(args))
+    csv, split_file = args.csv, args.split
+    if args.memory:
+        csv = csv if csv is not None else MEMORY_CSV
+        split_file = split_file if split_file is not None else MEMORY_SPLIT
+    split = load_split(split_file)
+    report = run_validation(csv, rows=rows, split=split, catalog=catalog_from_args(args))
     if args.json:
         print(json.dumps(report.to_json()))
     else:
@@ -64,7 +75,7 @@ def format_report(report, verbose: bool = False) -> str:
         lines += [f"  {r.row.row_id}: {r.failure}" for r in failed]
     lines += ["", *_skipped_lines(report, verbose)]
     if report.split_rule:
-        lines += ["", f"Fit rows (data/validation/split.yaml): {report.split_rule}"]
+        lines += ["", f"Fit rows: {report.split_rule}"]
     return "\n".join(lines)
 
 
@@ -79,9 +90,13 @@ def _table(report, verbose: bool) -> list[str]:
         error = f"{100 * r.error:+8.1f}" if r.error is not None else f"{'-':>8}"
         fits = "" if r.fits_in_memory in (None, True) else " [does not fit in memory]"
         keys = ", ".join(a.split(" ", 1)[0].rstrip(":") for a in m.assumptions)
+        memory = ""
+        if r.memory_error is not None:
+            memory = (f" [memory {m.measured_peak_memory_gib:.0f} GiB, predicted "
+                      f"{r.predicted_peak_memory_gib:.1f} ({100 * r.memory_error:+.1f}%)]")
         out.append(f"{m.row_id:<11} {m.model[:MODEL_WIDTH]:<{MODEL_WIDTH}} {m.gpus:>5} "
                    f"{m.scenario.cluster.system:<14} {plan_text(m):<36} {m.measured_step_s:10.4g} "
-                   f"{predicted} {error} {r.group:<7} {keys}{fits}")
+                   f"{predicted} {error} {r.group:<7} {keys}{fits}{memory}")
         if verbose:
             out.append(f"    measured: {m.conversion}")
             out += [f"    assumed:  {a}" for a in m.assumptions]
@@ -98,11 +113,15 @@ def _summary_lines(report) -> list[str]:
         s = report.summary(name)
         out.append(f"  {name or 'all':<8} {s.count:>5} {_fmt(s.median_pct)} {_fmt(s.p90_pct)} "
                    f"{_fmt(s.max_pct)} {_fmt(s.mean_pct)} {_fmt(s.bias_pct)}")
-    mem = report.memory_summary()
-    if mem.count:
-        out.append(f"  {'memory':<8} {mem.count:>5} {_fmt(mem.median_pct)} {_fmt(mem.p90_pct)} "
-                   f"{_fmt(mem.max_pct)} {_fmt(mem.mean_pct)} {_fmt(mem.bias_pct)}  (peak GiB per GPU)")
-    out.append("  (bias: mean signed error; > 0 means the simulator predicts slower steps than measured)")
+    if report.memory_summary().count:
+        out += ["", "Peak memory per GPU: |predicted / measured - 1|, in percent", out[0]]
+        for name in ("fit", "holdout", None):
+            mem = report.memory_summary(name)
+            out.append(f"  {name or 'all':<8} {mem.count:>5} {_fmt(mem.median_pct)} "
+                       f"{_fmt(mem.p90_pct)} {_fmt(mem.max_pct)} {_fmt(mem.mean_pct)} "
+                       f"{_fmt(mem.bias_pct)}")
+    out.append("  (bias: mean signed error; > 0 means the simulator predicts slower steps, or more "
+               "memory, than measured)")
     return out
 
 
