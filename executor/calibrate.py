@@ -228,10 +228,13 @@ def combine(machine: Machine, ranks: list[dict]) -> Calibrated:
     elementwise = [row[:2] + [sum(r["elementwise"][i][j] for r in ranks) / len(ranks)
                               for j in (2, 3)]
                    for i, row in enumerate(ranks[0]["elementwise"])]
+    # A measured matmul is a kernel too: the floor (the shortest kernel) cannot exceed the
+    # fastest of them, or the simulator would predict that matmul slower than it ran.
+    fastest = min(2.0 * m * n * k / rate for rows in matmul.values() for m, n, k, rate in rows)
     return Calibrated(machine=machine, matmul=matmul, copy=mean_rows([r["copy"] for r in ranks]),
                       elementwise=elementwise,
                       attention=attention,
-                      op_floor_s=sum(r["op_floor_s"] for r in ranks) / len(ranks),
+                      op_floor_s=min(sum(r["op_floor_s"] for r in ranks) / len(ranks), fastest),
                       p2p=p2p, allreduce=allreduce,
                       link=fit_link(p2p, allreduce, machine.processes) if p2p else None)
 
