@@ -19,6 +19,7 @@ from executor.calibrate import GIB, MIB, Calibrated
 from planner.errors import PartitaError
 
 MAX_EFFICIENCY = 1.5      # simulator/calibration.py rejects efficiencies above this
+MATMUL_MARGIN = 1.01      # keeps a measured matmul's memory roofline under its time after rounding
 
 
 def _r(x: float, digits: int = 4) -> float:
@@ -75,9 +76,7 @@ def calibration_document(c: Calibrated) -> dict[str, Any]:
                      "source": src}
     fwd, bwd = attention_efficiencies(c)
     gpu = {"matmul": matmul,
-           "memory_efficiency_by_mb": [[_r(b / 1e6), _r(min(rate / c.memory_bytes_per_s,
-                                                             MAX_EFFICIENCY))]
-                                       for b, rate in elementwise_rates(c)],
+           "memory_efficiency_by_mb": [[_r(b / 1e6), _r(eff)] for b, eff in memory_curve(c)],
            "attention_forward_efficiency": _r(fwd), "attention_backward_efficiency": _r(bwd),
            "kernel_floor_us": _r(c.op_floor_s * 1e6), "source": src}
     doc: dict[str, Any] = {"source": src, "gpus": {c.machine.gpu_name: gpu}}
@@ -110,6 +109,26 @@ def elementwise_rates(c: Calibrated) -> list[tuple[float, float]]:
         else:
             merged.append([nbytes, rate, 1])
     return [(b, total / n) for b, total, n in merged]
+
+
+def memory_curve(c: Calibrated) -> list[tuple[float, float]]:
+    """(bytes, fraction of the best copy rate) for the memory-efficiency curve: the measured
+    elementwise kernels, raised where a measured matmul shows more. A matmul moved its operands
+    and result ((mk + kn + mn) elements, as the roofline of simulator/compute.py counts them) in
+    the time it ran, so at that size the curve may not claim a slower transfer; otherwise the
+    roofline would predict a small measured matmul slower than it ran (the elementwise points,
+    several launch-bound passes, lie above its size and extend flat below)."""
+    from simulator.calibration import Curve
+    from simulator.compute import element_bytes
+    bw = c.memory_bytes_per_s
+    points = {b: min(rate / bw, MAX_EFFICIENCY) for b, rate in elementwise_rates(c)}
+    measured = Curve(tuple(sorted(points)), tuple(points[b] for b in sorted(points)))
+    for precision, rows in c.matmul.items():
+        for m, n, k, rate in rows:
+            nbytes = (m * k + k * n + m * n) * element_bytes(precision)
+            shown = nbytes / (2.0 * m * n * k / rate) / bw * MATMUL_MARGIN
+            points[nbytes] = min(max(points.get(nbytes, measured(nbytes)), shown), MAX_EFFICIENCY)
+    return sorted(points.items())
 
 
 def attention_efficiencies(c: Calibrated) -> tuple[float, float]:

@@ -165,3 +165,21 @@ def test_unknown_device_is_a_usage_error(capsys):
         main(["calibrate", "--device", "tpu"])
     assert exc.value.code == 2
     assert "invalid choice: 'tpu'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_memory_curve_never_claims_a_measured_matmul_slower_than_it_ran(calibrated):
+    """However slow the elementwise kernels measured, the curve written at a measured matmul's size
+    lets the roofline move that matmul's bytes within the time the matmul took."""
+    import dataclasses
+    from executor.calibrate_output import memory_curve
+    from simulator.compute import element_bytes
+    c = _calibrated_from(calibrated[1])
+    slow = dataclasses.replace(c, elementwise=[row[:2] + [t * 50 for t in row[2:]]
+                                               for row in c.elementwise])
+    curve = dict(memory_curve(slow))
+    for precision, rows in slow.matmul.items():
+        for m, n, k, rate in rows:
+            nbytes = (m * k + k * n + m * n) * element_bytes(precision)
+            seconds = nbytes / (slow.memory_bytes_per_s * curve[nbytes])
+            assert seconds < 2.0 * m * n * k / rate
