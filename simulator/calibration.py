@@ -33,8 +33,8 @@ from typing import Any
 
 from planner.documents import Checker, load_document
 from planner.errors import PartitaError, unknown_name
-from planner.scenario import FRAMEWORKS
 from planner.paths import CALIBRATION_DIR
+from planner.scenario import FRAMEWORKS
 
 MB = 1e6
 GIB = 1024 ** 3
@@ -54,8 +54,7 @@ TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6),
                "half_bandwidth_mb": ("half_bandwidth_bytes", MB)}
 TIER_REQUIRED = ("efficiency", "step_latency_us", "base_latency_us", "half_bandwidth_mb")
 MEMORY_KEYS = ("cuda_context_gib", "communication_buffers_gib", "fragmentation_fraction",
-               "framework_buffers_gib", "source",
-               "notes")
+               "framework_buffers_gib", "source", "notes")
 
 
 @dataclass(frozen=True)

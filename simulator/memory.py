@@ -13,8 +13,9 @@ Recomputation", Sec. 4.1, Table 2): s*b*h*(34 + 5*a*s/h) bytes at 16-bit with no
 (10 + 24/t + 5as/(ht)) with tensor parallelism, (34 + 5as/h)/t with sequence parallelism;
 selective recomputation drops the 5as/h attention-score term, full recomputation keeps only the
 layer input (2sbh) plus, while one block is recomputed for its backward, that block's whole
-activations (Chen et al. 2016, Sec. 4.1: checkpoints plus the largest segment). A flash-style attention kernel never stores the scores, so with
-`flash_attention=True` (the compute model's kernel) the 5as/h term is absent whatever the recompute.
+activations (Chen et al. 2016, Sec. 4.1: checkpoints plus the largest segment). A flash-style
+attention kernel never stores the scores, so with `flash_attention=True` (the compute model's
+kernel) the 5as/h term is absent whatever the recompute.
 A rank holds the activations of the micro-batches in flight (`activation_microbatches`).
 """
 from __future__ import annotations

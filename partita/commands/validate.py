@@ -11,8 +11,9 @@ Prints one line per simulated row (measured and predicted seconds per step, erro
 predicted/measured - 1, fit or hold-out group, the assumptions made to read the row), the rows
 that could not be simulated and why, and the summary (median, p90, max, mean absolute error) for
 the fit and hold-out groups apart; for rows with a measured peak memory (`peak_memory_GiB`) the
-predicted peak and its error too, and a memory summary per group. It is a report: exit 0 whatever the errors; exit 1 only on bad
-input (missing CSV, unknown column, unknown row id, malformed split file).
+predicted peak and its error too, and a memory summary per group. It is a report: exit 0 whatever
+the errors; exit 1 only on bad input (missing CSV, unknown column, unknown row id, malformed split
+file).
 """
 from __future__ import annotations
 
@@ -45,9 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
-    from simulator.validation import load_split, run_validation
-
-    from simulator.validation import MEMORY_CSV, MEMORY_SPLIT
+    from simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
 
     rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
     csv, split_file = args.csv, args.split
