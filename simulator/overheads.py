@@ -28,7 +28,8 @@ from planner.documents import Checker, load_document
 from planner.paths import CALIBRATION_DIR
 
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
-KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "block_overhead_us", "step_overhead_s",
+KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "block_overhead_us",
+        "framework_block_overhead_us", "step_overhead_s",
         "attention_fraction", "framework_fraction", "zero3_collective_fraction",
         "overlap_slowdown", "list_collective_host_us", "list_copy_host_us", "source")
 LIST_COLLECTIVES = ("all_gather", "reduce_scatter")
@@ -52,6 +53,9 @@ class Overheads:
     list_collective_host_s: dict[str, float] = field(default_factory=dict, hash=False)
     # Host seconds to submit one list entry's copy (torch's copy_ and its cudaMemcpyAsync).
     list_copy_host_s: float = 0.0
+    # Seconds per block pass (forward, recomputed forward, backward-input, backward-weight) a
+    # framework adds on top of `block_overhead_s` (see `block_overhead`).
+    framework_block_overhead_s: dict[str, float] = field(default_factory=dict, hash=False)
 
     def overlapped(self, compute_s: float, comm_s: float) -> float:
         """Seconds for `compute_s` of kernels with `comm_s` of collectives overlapped beside them.
@@ -95,6 +99,17 @@ class Overheads:
         """Kernel throughput a framework sustains relative to Megatron-LM (1.0 if not fitted)."""
         return self.framework_fraction.get(name, 1.0)
 
+    def block_overhead(self, name: str) -> float:
+        """Fixed seconds per transformer block per micro-batch pass under framework `name`: the
+        shared per-block cost plus the framework's own. DeepSpeed's is fitted (training.yaml): its
+        pipeline runs pay a cost per block pass that does not shrink with the block's work. The
+        BLOOM log (bigscience tr11-176B-ml chronicles-prequel, 02-21 tables) runs one 72-layer model
+        on the same 384 GPUs at micro-batch 1, 2 and 4: the steps take 143, 134 and 124 s at the
+        same FLOPs, about 11 ms per block per micro-batch (forward, recompute and backward) more
+        at each halving, though the bubble shrinks; those runs set CUDA_LAUNCH_BLOCKING=1
+        (tr11-176B-ml.slurm), which leaves every kernel's host-side launch exposed."""
+        return self.block_overhead_s + self.framework_block_overhead_s.get(name, 0.0)
+
     def zero3_collectives(self, name: str) -> float:
         """Fraction of the modelled bandwidth a framework's ZeRO-3 collectives reach."""
         return self.zero3_collective_fraction.get(name, 1.0)
@@ -132,7 +147,9 @@ def _load(path: str, mtime: int) -> Overheads:
                      _per_framework(c, "framework_fraction"),
                      _per_framework(c, "zero3_collective_fraction"),
                      _nonnegative(c, "overlap_slowdown"), _list_collective_host(c),
-                     _nonnegative(c, "list_copy_host_us") * 1e-6)
+                     _nonnegative(c, "list_copy_host_us") * 1e-6,
+                     {k: v * 1e-6 for k, v in _per_framework_seconds(c, "framework_block_overhead_us")
+                      .items()})
 
 
 def _list_collective_host(c: Checker) -> dict[str, float]:
@@ -164,6 +181,14 @@ def _per_framework(c: Checker, key: str) -> dict[str, float]:
     sub = c.sub(key)
     sub.only(FRAMEWORKS)
     return {name: _fraction(sub, name) for name in sub.mapping}
+
+
+def _per_framework_seconds(c: Checker, key: str) -> dict[str, float]:
+    if not c.has(key):
+        return {}
+    sub = c.sub(key)
+    sub.only(FRAMEWORKS)
+    return {name: _nonnegative(sub, name) for name in sub.mapping}
 
 
 def load_overheads(path: str | Path = TRAINING_FILE) -> Overheads:

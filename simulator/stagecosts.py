@@ -80,7 +80,7 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                                  t.precision, t.recompute, gpu, cal, decoder=decoder,
                                  attention=t.attention)
-    lt = sustained(lt, oh, gpu.name, t.precision, oh.block_overhead_s, t.framework)
+    lt = sustained(lt, oh, gpu.name, t.precision, oh.block_overhead(t.framework), t.framework)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
     _add(parts, "compute", compute_f + compute_b)

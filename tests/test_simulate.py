@@ -167,6 +167,9 @@ def test_shipped_examples_simulate():
     ("list_collective_host_us: {all_gather: -1}\n", "list_collective_host_us.all_gather: must be >= 0"),
     ("list_collective_host_us: {broadcast: 1}\n", "list_collective_host_us.broadcast: unknown key"),
     ("list_copy_host_us: -2\n", "list_copy_host_us: must be >= 0"),
+    ("framework_block_overhead_us: {jax: 1}\n", "framework_block_overhead_us.jax: unknown key"),
+    ("framework_block_overhead_us: {deepspeed: -5}\n",
+     "framework_block_overhead_us.deepspeed: must be >= 0, got -5"),
 ])
 def test_bad_overheads_file_names_the_key(tmp_path, text, message):
     from planner.errors import PartitaError
@@ -199,6 +202,33 @@ def test_framework_fractions_slow_kernels_and_deepspeed_zero3_gathers_again_for_
     thin = Overheads(zero3_collective_fraction={"deepspeed": 0.25})
     ds_thin = simulate(parse_scenario(_framework_doc("deepspeed")), catalog, overheads=thin)
     assert ds_thin.step_time_s > ds.step_time_s
+
+
+def test_framework_block_overhead_is_paid_on_every_block_pass_of_that_framework_only():
+    """DeepSpeed's fixed cost per block pass: each chunk's forward pays it once per block, its
+    backward three times under full recompute (recomputed forward, backward-input,
+    backward-weight); another framework's chunks are unchanged."""
+    from simulator.calibration import load_calibration
+    from simulator.context import resolve
+    from simulator.memory import chunk_blocks
+    from simulator.network import build_topology
+    from simulator.overheads import Overheads
+    from simulator.stagecosts import chunk_costs
+    from planner.stages import chunk_ranges
+    catalog, cal, c = load_catalog(), load_calibration(), 1e-3
+    paying = Overheads(framework_block_overhead_s={"deepspeed": c})
+    for framework, per_block in (("deepspeed", c), ("megatron", 0.0)):
+        doc = small(tensor=1, pipeline=2, data=8)
+        doc["training"].update(framework=framework, recompute="full")
+        ctx = resolve(parse_scenario(doc), catalog)
+        topo = build_topology(ctx.system, cal)
+        base = chunk_costs(ctx, topo, cal, Overheads())
+        paid = chunk_costs(ctx, topo, cal, paying)
+        for (a, b), x, y in zip(chunk_ranges(ctx.dims.total_layers, ctx.parallel), base, paid):
+            blocks = chunk_blocks(ctx.dims, a, b)[0]
+            assert blocks > 0
+            assert y.forward_s - x.forward_s == pytest.approx(blocks * per_block, abs=1e-12)
+            assert y.backward_s - x.backward_s == pytest.approx(3 * blocks * per_block, abs=1e-12)
 
 
 def test_zero3_gathers_without_prefetch_add_to_compute():
