@@ -148,8 +148,7 @@ def _load(path: str, mtime: int) -> Overheads:
                      _per_framework(c, "zero3_collective_fraction"),
                      _nonnegative(c, "overlap_slowdown"), _list_collective_host(c),
                      _nonnegative(c, "list_copy_host_us") * 1e-6,
-                     {k: v * 1e-6 for k, v in _per_framework_seconds(c, "framework_block_overhead_us")
-                      .items()})
+                     _per_framework(c, "framework_block_overhead_us", _nonnegative, 1e-6))
 
 
 def _list_collective_host(c: Checker) -> dict[str, float]:
@@ -175,20 +174,13 @@ def _nonnegative(c: Checker, key: str) -> float:
     return value
 
 
-def _per_framework(c: Checker, key: str) -> dict[str, float]:
+def _per_framework(c: Checker, key: str, value=_fraction, scale: float = 1.0) -> dict[str, float]:
+    """A mapping framework -> number under `key`, each checked by `value`, times `scale`."""
     if not c.has(key):
         return {}
     sub = c.sub(key)
     sub.only(FRAMEWORKS)
-    return {name: _fraction(sub, name) for name in sub.mapping}
-
-
-def _per_framework_seconds(c: Checker, key: str) -> dict[str, float]:
-    if not c.has(key):
-        return {}
-    sub = c.sub(key)
-    sub.only(FRAMEWORKS)
-    return {name: _nonnegative(sub, name) for name in sub.mapping}
+    return {name: value(sub, name) * scale for name in sub.mapping}
 
 
 def load_overheads(path: str | Path = TRAINING_FILE) -> Overheads:
