@@ -15,8 +15,8 @@ fractions relative to Megatron-LM, DeepSpeed's ZeRO-3 collective fraction (the f
 NAR21-11 and -14 ran DeepSpeed 0.3's synchronous gathers, so their step shows the gathers), and
 DeepSpeed's fixed cost per block pass (`framework_block_overhead_us`: the BLOOM and MT-NLG fit rows
 run its pipeline engine at micro-batch 1 to 4, so their steps count thousands of block passes). Not
-fitted: the per-block overhead shared by every framework (0; earlier fits put it at zero) and the slowdown of kernels beside
-an overlapped collective (training.yaml's `overlap_slowdown`, a published measurement) and the
+fitted: the per-block overhead shared by every framework (0; earlier fits put it at zero) and the
+slowdown of kernels beside an overlapped collective (training.yaml's `overlap_slowdown`, a published measurement) and the
 per-rank host work of list collectives (`list_collective_host_us`, measured by
 benchmarks/bench_host_collective.py) and of submitting their copies (`list_copy_host_us`).
 """

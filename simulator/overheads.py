@@ -104,9 +104,10 @@ class Overheads:
         shared per-block cost plus the framework's own. DeepSpeed's is fitted (training.yaml): its
         pipeline runs pay a cost per block pass that does not shrink with the block's work. The
         BLOOM log (bigscience tr11-176B-ml chronicles-prequel, 02-21 tables) runs one 72-layer model
-        on the same 384 GPUs at micro-batch 1, 2 and 4: the steps take 143, 134 and 124 s at the
-        same FLOPs, about 11 ms per block per micro-batch (forward, recompute and backward) more
-        at each halving, though the bubble shrinks; those runs set CUDA_LAUNCH_BLOCKING=1
+        on the same 384 GPUs at micro-batch 1, 2 and 4: the steps take 143, 134 and 124 s for the
+        same FLOPs, though the smaller micro-batch has the smaller bubble. Bubble plus a cost per
+        block pass fits the micro-batch 1 and 4 steps with about 11 ms per block per micro-batch
+        (forward, recompute and backward together). Those runs set CUDA_LAUNCH_BLOCKING=1
         (tr11-176B-ml.slurm), which leaves every kernel's host-side launch exposed."""
         return self.block_overhead_s + self.framework_block_overhead_s.get(name, 0.0)
 
