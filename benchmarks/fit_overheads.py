@@ -9,16 +9,17 @@ linear beyond DELTA, so rows the physics does not cover (a framework's software 
 shared numbers less than a squared loss would; hold-out rows are simulated only to print their
 error afterwards.
 Minimised by scipy's bounded trust-region least squares with the soft-L1 loss (the same
-pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 1.0, 0 s). Parameters: sustained matmul fraction per GPU family, the per-step
-overhead, the fp8 GEMM fraction, the attention-kernel fraction, and DeepSpeed's and FSDP's kernel
-fractions relative to Megatron-LM, DeepSpeed's ZeRO-3 collective fraction (the fit rows
-NAR21-11 and -14 ran DeepSpeed 0.3's synchronous gathers, so their step shows the gathers), and
-DeepSpeed's fixed cost per block pass (`framework_block_overhead_us`: the BLOOM and MT-NLG fit rows
-run its pipeline engine at micro-batch 1 to 4, so their steps count thousands of block passes). Not
-fitted: the per-block overhead shared by every framework (0; earlier fits put it at zero) and the
-slowdown of kernels beside an overlapped collective (training.yaml's `overlap_slowdown`, a published measurement) and the
-per-rank host work of list collectives (`list_collective_host_us`, measured by
-benchmarks/bench_host_collective.py) and of submitting their copies (`list_copy_host_us`).
+pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 1.0, 0 s).
+Parameters: sustained matmul fraction per GPU family, the per-step overhead, the fp8 GEMM fraction,
+the attention-kernel fraction, DeepSpeed's and FSDP's kernel fractions relative to Megatron-LM,
+DeepSpeed's ZeRO-3 collective fraction (the fit rows NAR21-11 and -14 ran DeepSpeed 0.3's
+synchronous gathers, so their step shows the gathers), and DeepSpeed's fixed cost per block pass
+(`framework_block_overhead_us`: the BLOOM and MT-NLG fit rows run its pipeline engine at micro-batch
+1 to 4, so their steps count thousands of block passes). Not fitted: the per-block overhead shared
+by every framework (0; earlier fits put it at zero), the slowdown of kernels beside an overlapped
+collective (training.yaml's `overlap_slowdown`, a published measurement), the per-rank host work of
+list collectives (`list_collective_host_us`, measured by benchmarks/bench_host_collective.py) and
+of submitting their copies (`list_copy_host_us`).
 """
 from __future__ import annotations
 
