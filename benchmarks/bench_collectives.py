@@ -16,10 +16,10 @@ from dataclasses import replace
 
 import yaml
 
-from planner.hardware import GPU, Fabric, Network, System
-from planner.paths import CALIBRATION_DIR
-from simulator.calibration import load_calibration
-from simulator.network import Group, build_topology, collective
+from partita.planner.hardware import GPU, Fabric, Network, System
+from partita.planner.paths import CALIBRATION_DIR
+from partita.simulator.calibration import load_calibration
+from partita.simulator.network import Group, build_topology, collective
 
 
 def sweep_system(s: dict) -> System:

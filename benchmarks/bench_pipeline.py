@@ -18,8 +18,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.schedule import build, validate  # noqa: E402
-from simulator.pipeline import PipelineCosts, simulate_pipeline  # noqa: E402
+from partita.planner.schedule import build, validate  # noqa: E402
+from partita.simulator.pipeline import PipelineCosts, simulate_pipeline  # noqa: E402
 
 P, M = 64, 512
 F_S, B_S, LINK_S = 1e-3, 2e-3, 1e-4

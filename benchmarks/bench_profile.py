@@ -34,10 +34,10 @@ def main() -> None:
 
     start = time.perf_counter()
     import torch
-    from planner.costmodel import analytic_profile
-    from planner.modelspec import preset_dims
-    from planner.models import build_model
-    from planner.profiler import profile_module
+    from partita.planner.costmodel import analytic_profile
+    from partita.planner.modelspec import preset_dims
+    from partita.planner.models import build_model
+    from partita.planner.profiler import profile_module
     imported = time.perf_counter()
 
     dims = preset_dims(args.preset)

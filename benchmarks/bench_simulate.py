@@ -16,9 +16,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from planner.catalog import load_catalog  # noqa: E402
-from planner.scenario import load_scenario, parse_scenario  # noqa: E402
-from simulator.step import simulate  # noqa: E402
+from partita.planner.catalog import load_catalog  # noqa: E402
+from partita.planner.scenario import load_scenario, parse_scenario  # noqa: E402
+from partita.simulator.step import simulate  # noqa: E402
 
 ONE_T = {
     "name": "gpt-1t-3072",

@@ -28,12 +28,12 @@ from scipy.optimize import least_squares
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.catalog import load_catalog  # noqa: E402
-from planner.paths import CALIBRATION_DIR  # noqa: E402
-from simulator.calibration import load_calibration  # noqa: E402
-from simulator.rowmap import MappedRow, load_rules, map_row, read_rows  # noqa: E402
-from simulator.step import simulate  # noqa: E402
-from simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, summarize  # noqa: E402
+from partita.planner.catalog import load_catalog  # noqa: E402
+from partita.planner.paths import CALIBRATION_DIR  # noqa: E402
+from partita.simulator.calibration import load_calibration  # noqa: E402
+from partita.simulator.rowmap import MappedRow, load_rules, map_row, read_rows  # noqa: E402
+from partita.simulator.step import simulate  # noqa: E402
+from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, summarize  # noqa: E402
 
 MEMORY_FILE = CALIBRATION_DIR / "memory.yaml"
 GIB = 2.0 ** 30

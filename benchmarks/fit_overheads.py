@@ -37,10 +37,10 @@ from scipy.optimize import least_squares
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from planner.catalog import load_catalog  # noqa: E402
-from simulator.overheads import TRAINING_FILE, Overheads, load_overheads  # noqa: E402
-from simulator.step import simulate  # noqa: E402
-from simulator.validation import load_split, run_validation, summarize  # noqa: E402
+from partita.planner.catalog import load_catalog  # noqa: E402
+from partita.simulator.overheads import TRAINING_FILE, Overheads, load_overheads  # noqa: E402
+from partita.simulator.step import simulate  # noqa: E402
+from partita.simulator.validation import load_split, run_validation, summarize  # noqa: E402
 
 
 FAMILIES = ("v100", "a100", "h100")

@@ -2,7 +2,7 @@
 
 - plan.py      what every rank does (degrees, chunks, micro-batching), checked before launch; no torch
 - launch.py    the torchrun command line, the job file, rank 0's result; no torch
-- worker.py    `python -m executor.worker`: one rank (process group, then train.run_rank)
+- worker.py    `python -m partita.executor.worker`: one rank (process group, then train.run_rank)
 - train.py     the per-rank training loop and the single-process reference it must match
 - stages.py    this rank's model chunks, cut from planner.models; tied parameters
 - parallel.py  device mesh, tensor parallelism, data parallelism (ZeRO 0-3), gradient reductions

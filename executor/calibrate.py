@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PartitaError
+from partita.planner.errors import PartitaError
 
 MIB = 2 ** 20
 GIB = 2 ** 30
@@ -158,7 +158,7 @@ def make_plan(machine: Machine, quick: bool):
     """Sizes and timing for the device: `quick` takes a few seconds, the full plan under a minute
     on 2 CPU cores."""
     import torch
-    from executor.microbench import Plan
+    from partita.executor.microbench import Plan
     if machine.device == "cuda":
         precisions = [p for p in CUDA_PRECISIONS if _cuda_supports(p)]
         sizes = [512, 2048] if quick else [256, 512, 1024, 2048, 4096, 8192]
@@ -190,15 +190,15 @@ def _cuda_supports(precision: str) -> bool:
 
 
 def _spawn(plan, processes: int) -> list[dict]:
-    """Run `python -m executor.microbench` as ranks 0..N-1 at once; their results, by rank."""
+    """Run `python -m partita.executor.microbench` as ranks 0..N-1 at once; their results, by rank."""
     import json
     import subprocess
     import sys
-    from executor.microbench import plan_to_json
+    from partita.executor.microbench import plan_to_json
     with tempfile.TemporaryDirectory(prefix="partita-calibrate-") as tmp:
         plan_file = Path(tmp, "plan.json")
         plan_file.write_text(plan_to_json(plan), encoding="utf-8")
-        procs = [subprocess.Popen([sys.executable, "-m", "executor.microbench", "--rank", str(r),
+        procs = [subprocess.Popen([sys.executable, "-m", "partita.executor.microbench", "--rank", str(r),
                                    "--world", str(processes), "--plan", str(plan_file),
                                    "--store", f"{tmp}/store", "--out", tmp],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -15,8 +15,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from executor.calibrate import GIB, MIB, Calibrated
-from planner.errors import PartitaError
+from partita.executor.calibrate import GIB, MIB, Calibrated
+from partita.planner.errors import PartitaError
 
 MAX_EFFICIENCY = 1.5      # simulator/calibration.py rejects efficiencies above this
 MATMUL_MARGIN = 1.01      # keeps a measured matmul's memory roofline under its time after rounding
@@ -95,7 +95,7 @@ def elementwise_rates(c: Calibrated) -> list[tuple[float, float]]:
     two norms 2Th each, two residual adds 3Th each, GELU 2T*4h elements; 4 bytes each), the
     backward moving ELEMENTWISE_BWD_FACTOR times the forward's bytes. Sorted by bytes; points
     within 1% of each other are averaged."""
-    from simulator.compute import ELEMENTWISE_BWD_FACTOR
+    from partita.simulator.compute import ELEMENTWISE_BWD_FACTOR
     points = []
     for tokens, hidden, t_f, t_fb in c.elementwise:
         nbytes = 4.0 * (2 * 2 + 2 * 3 + 2 * 4) * tokens * hidden
@@ -118,8 +118,8 @@ def memory_curve(c: Calibrated) -> list[tuple[float, float]]:
     the time it ran, so at that size the curve may not claim a slower transfer; otherwise the
     roofline would predict a small measured matmul slower than it ran (the elementwise points,
     several launch-bound passes, lie above its size and extend flat below)."""
-    from simulator.calibration import Curve
-    from simulator.compute import element_bytes
+    from partita.simulator.calibration import Curve
+    from partita.simulator.compute import element_bytes
     bw = c.memory_bytes_per_s
     points = {b: min(rate / bw, MAX_EFFICIENCY) for b, rate in elementwise_rates(c)}
     measured = Curve(tuple(sorted(points)), tuple(points[b] for b in sorted(points)))
@@ -135,7 +135,7 @@ def attention_efficiencies(c: Calibrated) -> tuple[float, float]:
     """Measured causal attention as fractions of the fp32 matmul rate, counted as the simulator
     counts them (simulator/compute.py: full forward FLOPs 4bhs^2d, times CAUSAL_FRACTION; the
     backward does FLASH_BWD_FACTOR times the forward's work)."""
-    from simulator.compute import CAUSAL_FRACTION, FLASH_BWD_FACTOR
+    from partita.simulator.compute import CAUSAL_FRACTION, FLASH_BWD_FACTOR
     b, h, s, d = c.attention["shape"]
     work = 4.0 * b * h * s * s * d * CAUSAL_FRACTION
     peak = c.best_flops("fp32")
@@ -182,8 +182,8 @@ def _load_back(catalog_file: Path, calibration_file: Path) -> None:
     The catalog is loaded without the current local file (which may be the broken one that this
     run replaces): PARTITA_HOME points at an empty folder meanwhile."""
     import tempfile
-    from planner.catalog import load_catalog
-    from simulator.calibration import load_calibration
+    from partita.planner.catalog import load_catalog
+    from partita.simulator.calibration import load_calibration
     saved = os.environ.get("PARTITA_HOME")
     try:
         with tempfile.TemporaryDirectory(prefix="partita-home-") as empty:

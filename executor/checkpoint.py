@@ -46,8 +46,8 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      get_state_dict, set_model_state_dict,
                                                      set_state_dict)
 
-from executor.faults import maybe_inject_fault
-from planner.errors import PartitaError
+from partita.executor.faults import maybe_inject_fault
+from partita.planner.errors import PartitaError
 
 FORMAT = "partita-checkpoint/1"
 MANIFEST = "manifest.json"

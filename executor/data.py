@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from planner.errors import PartitaError
+from partita.planner.errors import PartitaError
 
 MASK_FRACTION = 0.15
 SUFFIXES = (".bin", ".npy")

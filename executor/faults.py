@@ -29,7 +29,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from planner.errors import PartitaError
+from partita.planner.errors import PartitaError
 
 FAULT_VARIABLE = "PARTITA_FAULT_AT_STEP"
 PHASES = ("forward", "backward", "optimizer", "checkpoint")

@@ -3,7 +3,7 @@
 The command line validates everything first; then `launch(job, rendezvous)` writes the job to a
 temporary directory, runs
 
-    python -m torch.distributed.run --standalone --nproc-per-node N -m executor.worker --job JOB.json
+    python -m torch.distributed.run --standalone --nproc-per-node N -m partita.executor.worker --job JOB.json
 
 (or, across machines, torchrun's rendezvous flags instead of --standalone), relays the workers'
 output to stderr, and returns rank 0's result. A worker that meets bad input (a `PartitaError`)
@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from planner.errors import PartitaError
+from partita.planner.errors import PartitaError
 
 RESULT_FILE = "result.json"
 # [Note: restart store] With torchrun's default shared rendezvous store, workers restarted after a
@@ -85,7 +85,7 @@ def torchrun_command(job_path: Path, nproc_per_node: int, rdzv: Rendezvous) -> l
             cmd += ["--rdzv-endpoint", rdzv.endpoint]
     if rdzv.max_restarts:
         cmd += ["--max-restarts", str(rdzv.max_restarts)]
-    return cmd + ["-m", "executor.worker", "--job", str(job_path)]
+    return cmd + ["-m", "partita.executor.worker", "--job", str(job_path)]
 
 
 def launch(job: Job, nproc_per_node: int, rdzv: Rendezvous, log: TextIO | None = None) -> dict | None:

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from simulator.result import Span
+from partita.simulator.result import Span
 
 # fault-injection phase (executor/faults.py) of each action category
 PHASE_OF = {"forward": "forward", "backward": "backward", "backward-input": "backward"}
@@ -202,7 +202,7 @@ def write_outputs(out_dir: Path, summary: RunSummary, metadata: dict[str, Any]) 
     with open(out_dir / "metrics.jsonl", "w", encoding="utf-8") as fh:
         for line in step_lines(summary):
             fh.write(json.dumps(line) + "\n")
-    from simulator.trace import write_trace
+    from partita.simulator.trace import write_trace
     last = summary.steps[-1]
     write_trace(sorted(summary.spans[last], key=lambda s: (s.rank, s.start_s)),
                 out_dir / "trace.json", metadata={**metadata, "step": last, "measured": True})

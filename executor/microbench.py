@@ -243,9 +243,9 @@ def plan_to_json(plan: Plan) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m executor.microbench --rank R --world N --plan PLAN.json --store FILE --out DIR`."""
+    """`python -m partita.executor.microbench --rank R --world N --plan PLAN.json --store FILE --out DIR`."""
     import argparse
-    parser = argparse.ArgumentParser(prog="python -m executor.microbench")
+    parser = argparse.ArgumentParser(prog="python -m partita.executor.microbench")
     for flag in ("--rank", "--world"):
         parser.add_argument(flag, type=int, required=True)
     for flag in ("--plan", "--store", "--out"):

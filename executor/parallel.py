@@ -29,8 +29,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-from executor.plan import Coords, ExecPlan
-from executor.stages import Chunk, TiedGroup, local_copies
+from partita.executor.plan import Coords, ExecPlan
+from partita.executor.stages import Chunk, TiedGroup, local_copies
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "rel_bias")
 ROWWISE = ("o_proj", "down_proj")

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.errors import PartitaError
-from planner.scenario import Scenario, check_plan
-from planner.stages import chunk_ranges
+from partita.planner.errors import PartitaError
+from partita.planner.scenario import Scenario, check_plan
+from partita.planner.stages import chunk_ranges
 
 # torch.distributed.pipelining schedule class for each scenario schedule name.
 TORCH_SCHEDULES = {

@@ -21,8 +21,8 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
-from executor.plan import ExecPlan
-from planner.modelspec import TransformerDims
+from partita.executor.plan import ExecPlan
+from partita.planner.modelspec import TransformerDims
 
 AUTOCAST = {"bf16": torch.bfloat16}
 NOT_BLOCKS = ("embedding", "head")
@@ -81,7 +81,7 @@ def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 def build_chunks(plan: ExecPlan, dims: TransformerDims, stages: tuple[int, ...],
                  device: torch.device, seed: int) -> tuple[list[Chunk], list[TiedGroup], object]:
     """This rank's chunks (in stage order), every tied group of the model, and the loss function."""
-    from planner.models import build_model
+    from partita.planner.models import build_model
     model = build_model(dims, device="meta", seed=seed)
     wanted = sorted({i for s in stages for i in plan.layers_of(s)})
     model.materialize(device, seed=seed, layers=wanted)

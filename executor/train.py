@@ -21,14 +21,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executor.data import DataSpec, TokenStream, replica_samples
-from executor.launch import RESULT_FILE, Job
-from executor.measure import StepRecorder, summarize, write_outputs
-from executor.parallel import (TiedGradients, apply_data_parallel, apply_tensor_parallel,
+from partita.executor.data import DataSpec, TokenStream, replica_samples
+from partita.executor.launch import RESULT_FILE, Job
+from partita.executor.measure import StepRecorder, summarize, write_outputs
+from partita.executor.parallel import (TiedGradients, apply_data_parallel, apply_tensor_parallel,
                                average_gradients, build_mesh)
-from executor.plan import TORCH_SCHEDULES, ExecPlan, execution_plan
-from executor.stages import Chunk, build_chunks
-from planner.scenario import Scenario, load_scenario
+from partita.executor.plan import TORCH_SCHEDULES, ExecPlan, execution_plan
+from partita.executor.stages import Chunk, build_chunks
+from partita.planner.scenario import Scenario, load_scenario
 
 SGD_MOMENTUM = 0.9
 
@@ -127,7 +127,7 @@ def make_schedule(plan: ExecPlan, stages: list, loss_fn):
 
 def _fault_hook():
     """executor.faults.maybe_inject_fault (PARTITA_FAULT_AT_STEP), a no-op when unset."""
-    from executor.faults import maybe_inject_fault
+    from partita.executor.faults import maybe_inject_fault
     return maybe_inject_fault
 
 
@@ -151,7 +151,7 @@ def run_rank(job: Job, rank: int, local_rank: int) -> None:
 
 def _resume(run: RankRun) -> int:
     """The step to continue after: the latest checkpoint's, on --resume or a torchrun restart."""
-    from executor.checkpoint import latest_checkpoint, load_checkpoint, plan_fingerprint
+    from partita.executor.checkpoint import latest_checkpoint, load_checkpoint, plan_fingerprint
     restarted = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0) > 0
     if not (run.job.resume or restarted):
         return 0
@@ -163,7 +163,7 @@ def _resume(run: RankRun) -> int:
 
 
 def _save(run: RankRun, step: int) -> None:
-    from executor.checkpoint import plan_fingerprint, save_checkpoint
+    from partita.executor.checkpoint import plan_fingerprint, save_checkpoint
     save_checkpoint(run.job.checkpoint_dir, step, run.chunks, run.optimizer,
                     fingerprint=plan_fingerprint(run.scenario),
                     extra={"step": step, "seed": run.job.seed, "data": run.job.data})
@@ -214,7 +214,7 @@ def _finish(run: RankRun, records: list, losses: list[float], weights) -> None:
 def reference_run(scenario: Scenario, *, steps: int, seed: int = 0, lr: float = 1e-3,
                   data: str | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The same training in one process, without any parallelism: (losses, final weights)."""
-    from planner.models import build_model
+    from partita.planner.models import build_model
     plan = execution_plan(scenario, scenario.parallel.gpus)
     model = build_model(scenario.model.resolve(), seed=seed)
     chunk = Chunk(0, model.pipeline_layers(), model.layer_names(), recompute=plan.recompute,

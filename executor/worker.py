@@ -1,4 +1,4 @@
-"""The process torchrun starts for each rank of `partita run`: `python -m executor.worker --job FILE`.
+"""The process torchrun starts for each rank of `partita run`: `python -m partita.executor.worker --job FILE`.
 
 It reads the job, joins the process group (gloo on CPU, NCCL on CUDA device LOCAL_RANK), runs
 `executor.train.run_rank` and leaves. Bad input met here (a checkpoint of another plan, a token
@@ -12,19 +12,19 @@ import os
 import sys
 from pathlib import Path
 
-from executor.launch import Job
-from planner.errors import PartitaError
+from partita.executor.launch import Job
+from partita.planner.errors import PartitaError
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m executor.worker")
+    parser = argparse.ArgumentParser(prog="python -m partita.executor.worker")
     parser.add_argument("--job", required=True, help="job file written by `partita run`")
     job = Job.from_file(parser.parse_args(argv).job)
     rank = int(os.environ["RANK"])
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     import torch
     import torch.distributed as dist
-    from executor.train import run_rank
+    from partita.executor.train import run_rank
     device = None
     if job.backend == "nccl":
         device = torch.device(f"cuda:{local_rank}")

@@ -16,13 +16,15 @@ import importlib
 import importlib.util
 import sys
 
-from planner.errors import PartitaError
+from partita import __version__
+from partita.planner.errors import PartitaError
 
 COMMANDS = ("catalog", "profile", "simulate", "validate", "plan", "run", "calibrate", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="partita", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"partita {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

@@ -56,12 +56,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from planner.catalog_schema import (GBIT, check_keys, check_price_extras, parse_gpu, parse_system,
+from partita.planner.catalog_schema import (GBIT, check_keys, check_price_extras, parse_gpu, parse_system,
                                     source_list)
-from planner.documents import Checker, load_document
-from planner.errors import PartitaError, closest, unknown_name
-from planner.hardware import GPU, Fabric, Network, Price, System
-from planner.paths import CATALOG_DIR
+from partita.planner.documents import Checker, load_document
+from partita.planner.errors import PartitaError, closest, unknown_name
+from partita.planner.hardware import GPU, Fabric, Network, Price, System
+from partita.planner.paths import CATALOG_DIR
 
 
 def local_catalog_path() -> Path:
@@ -71,7 +71,12 @@ def local_catalog_path() -> Path:
 
 
 def shipped_files() -> list[Path]:
-    return sorted(CATALOG_DIR.glob("*.yaml"))
+    """The shipped catalog files; none (a broken install) is an error, never an empty catalog."""
+    files = sorted(CATALOG_DIR.glob("*.yaml"))
+    if not files:
+        raise PartitaError(f"{CATALOG_DIR}: no catalog files (*.yaml) found; the partita "
+                           "installation is incomplete (reinstall it: pip install partita)")
+    return files
 
 
 def load_catalog(extra: str | Path | None = None) -> "Catalog":
@@ -119,6 +124,10 @@ def _load(layers: tuple[tuple[str, int, int], ...]) -> "Catalog":
                           "distinct names", "name")
         check_price_extras(c.sub("price", required=False))
         systems[key] = parse_system(c, gpus)
+    if not gpus or not systems:
+        raise PartitaError(f"{', '.join(_display(p) for p, _, _ in layers)}: the catalog has "
+                           f"{len(gpus)} GPUs and {len(systems)} systems; it needs at least one "
+                           "of each (gpus: and systems: mappings)")
     return Catalog(gpus, systems, sources, raw)
 
 

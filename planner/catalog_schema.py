@@ -9,9 +9,9 @@ from __future__ import annotations
 import datetime as _dt
 from typing import Any
 
-from planner.documents import Checker
-from planner.errors import unknown_name
-from planner.hardware import GPU, PRECISIONS, Fabric, Network, Price, System
+from partita.planner.documents import Checker
+from partita.planner.errors import unknown_name
+from partita.planner.hardware import GPU, PRECISIONS, Fabric, Network, Price, System
 
 GIB = 2 ** 30
 GB = 1e9            # GB/s in the files are decimal

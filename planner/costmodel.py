@@ -30,9 +30,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from planner.errors import PartitaError
-from planner.modelspec import TransformerDims
-from planner.profile import LayerProfile, ModelProfile
+from partita.planner.errors import PartitaError
+from partita.planner.modelspec import TransformerDims
+from partita.planner.profile import LayerProfile, ModelProfile
 
 PRECISION_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}   # params and activations
 FP32 = 4

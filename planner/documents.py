@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from planner.errors import PartitaError, closest
+from partita.planner.errors import PartitaError, closest
 
 
 def load_document(path: str | Path) -> dict[str, Any]:

@@ -39,7 +39,7 @@ class GPU:
         """Dense peak FLOP/s for the matrix work of `precision` (tensor cores where present)."""
         value = self.peak_flops.get(precision)
         if value is None:
-            from planner.errors import PartitaError
+            from partita.planner.errors import PartitaError
             ok = ", ".join(p for p in PRECISIONS if self.supports(p))
             if precision in self.datasheet_flops:
                 raise PartitaError(f"no FLOP/s figure for {precision} on {self.name}: not published and "

@@ -12,8 +12,8 @@ from typing import Any
 
 import yaml
 
-from planner.errors import PartitaError, unknown_name
-from planner.paths import MODELS_DIR
+from partita.planner.errors import PartitaError, unknown_name
+from partita.planner.paths import MODELS_DIR
 
 ARCHS = ("gpt", "llama", "bert", "t5")
 
@@ -98,7 +98,7 @@ class ModelSpec:
         if self.preset is not None:
             dims = preset_dims(self.preset)
         elif self.hf_config is not None:
-            from planner.hf_config import dims_from_hf_config
+            from partita.planner.hf_config import dims_from_hf_config
             dims = dims_from_hf_config(self.hf_config)
         else:
             return None

@@ -28,11 +28,11 @@ from torch import nn
 from torch.autograd.graph import saved_tensors_hooks
 from torch.utils.flop_counter import FlopCounterMode
 
-from planner.costmodel import element_bytes
-from planner.errors import PartitaError
-from planner.modelspec import ModelSpec, TransformerDims
-from planner.models import PipelineLM, build_from_spec, build_model, init_value, layer_chain
-from planner.profile import LayerProfile, ModelProfile
+from partita.planner.costmodel import element_bytes
+from partita.planner.errors import PartitaError
+from partita.planner.modelspec import ModelSpec, TransformerDims
+from partita.planner.models import PipelineLM, build_from_spec, build_model, init_value, layer_chain
+from partita.planner.profile import LayerProfile, ModelProfile
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16,
           "bf16": torch.bfloat16, "fp8": torch.bfloat16}    # fp8 GEMMs, bf16 weights/activations

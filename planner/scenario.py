@@ -10,10 +10,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from planner.documents import Checker, load_document
-from planner.errors import PartitaError
-from planner.modelspec import ARCHS, ModelSpec, TransformerDims
-from planner.paths import SCENARIOS_DIR
+from partita.planner.documents import Checker, load_document
+from partita.planner.errors import PartitaError
+from partita.planner.modelspec import ARCHS, ModelSpec, TransformerDims
+from partita.planner.paths import SCENARIOS_DIR
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -143,7 +143,7 @@ def find_scenario_file(name: str | Path) -> Path:
         if candidate.is_file():
             return candidate
     shipped = sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml"))
-    from planner.errors import closest
+    from partita.planner.errors import closest
     near = closest(str(name), shipped)
     hint = f"; did you mean the shipped example {near[0]!r}?" if near else ""
     raise PartitaError(f"{name}: no such file{hint} (shipped examples: {', '.join(shipped)})")

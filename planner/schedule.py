@@ -1,6 +1,6 @@
 """The pipeline schedule as data: actions in torch's text form, generators, checks and CSV io.
 
-    from planner.schedule import build, validate, add_comms
+    from partita.planner.schedule import build, validate, add_comms
     sched = build("1f1b", p=4, m=8)        # {rank: [Action("0F0"), ...]}
     validate(sched, p=4, m=8)               # PartitaError naming rank and step, or None
     add_comms(sched, p=4)                   # with 0SEND_F0 / 1RECV_F0 ... as torch lowers it
@@ -11,14 +11,14 @@ timeline can be joined on (rank, "2F0"). The code lives in `planner.schedules.*`
 """
 from __future__ import annotations
 
-from planner.schedules.actions import (COMM_KINDS, COMPUTE_KINDS, Action, ComputationType,
+from partita.planner.schedules.actions import (COMM_KINDS, COMPUTE_KINDS, Action, ComputationType,
                                        Schedule, format_actions, stage_rank)
-from planner.schedules.csvio import format_csv, from_csv, parse_csv, to_csv
-from planner.schedules.generators import (NAMES, build, gpipe, interleaved_1f1b, one_f_one_b,
+from partita.planner.schedules.csvio import format_csv, from_csv, parse_csv, to_csv
+from partita.planner.schedules.generators import (NAMES, build, gpipe, interleaved_1f1b, one_f_one_b,
                                           zero_bubble_h1)
-from planner.schedules.liveness import peak_inflight, peak_inflight_by_rank
-from planner.schedules.lowering import add_comms, compute_only
-from planner.schedules.validation import validate
+from partita.planner.schedules.liveness import peak_inflight, peak_inflight_by_rank
+from partita.planner.schedules.lowering import add_comms, compute_only
+from partita.planner.schedules.validation import validate
 
 __all__ = [
     "Action", "ComputationType", "Schedule", "COMPUTE_KINDS", "COMM_KINDS", "NAMES",

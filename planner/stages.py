@@ -7,7 +7,7 @@ split as evenly as possible, earlier chunks taking the remainder.
 """
 from __future__ import annotations
 
-from planner.scenario import ParallelSpec
+from partita.planner.scenario import ParallelSpec
 
 
 def chunk_ranges(total_blocks: int, parallel: ParallelSpec) -> list[tuple[int, int]]:

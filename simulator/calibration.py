@@ -31,10 +31,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from planner.documents import Checker, load_document
-from planner.errors import PartitaError, unknown_name
-from planner.paths import CALIBRATION_DIR
-from planner.scenario import FRAMEWORKS
+from partita.planner.documents import Checker, load_document
+from partita.planner.errors import PartitaError, unknown_name
+from partita.planner.paths import CALIBRATION_DIR
+from partita.planner.scenario import FRAMEWORKS
 
 MB = 1e6
 GIB = 1024 ** 3

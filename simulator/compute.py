@@ -15,11 +15,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.costmodel import Gemm, element_bytes
-from planner.errors import PartitaError
-from planner.hardware import GPU
-from planner.modelspec import TransformerDims
-from simulator.calibration import Calibration, GpuCalibration
+from partita.planner.costmodel import Gemm, element_bytes
+from partita.planner.errors import PartitaError
+from partita.planner.hardware import GPU
+from partita.planner.modelspec import TransformerDims
+from partita.simulator.calibration import Calibration, GpuCalibration
 
 RECOMPUTE = ("none", "selective", "full")
 CAUSAL_FRACTION = 0.5      # flash kernels skip the masked upper triangle (FA2/FA3 count it so too)

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.errors import PartitaError
-from planner.hardware import System
-from planner.modelspec import TransformerDims
-from planner.profile import ModelProfile
-from planner.scenario import ParallelSpec, Scenario, TrainingSpec, check_plan
-from simulator.placement import Placement
+from partita.planner.errors import PartitaError
+from partita.planner.hardware import System
+from partita.planner.modelspec import TransformerDims
+from partita.planner.profile import ModelProfile
+from partita.planner.scenario import ParallelSpec, Scenario, TrainingSpec, check_plan
+from partita.simulator.placement import Placement
 
 @dataclass(frozen=True)
 class StepContext:
@@ -50,7 +50,7 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
     check_plan(scenario, gpus, dims)
     profile = None
     if dims is None:                      # a torch module: cost it from its meta-device profile
-        from simulator import profiled
+        from partita.simulator import profiled
         profile = profiled.load_profile(scenario)
         profiled.check(scenario, profile)
     system.gpu.peak(scenario.training.precision)     # precision supported by this GPU?

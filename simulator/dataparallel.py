@@ -14,13 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.modelspec import TransformerDims
-from planner.stages import chunk_ranges
-from simulator.compute import element_bytes
-from simulator.context import StepContext
-from simulator.memory import chunk_blocks, grad_bytes, held_parameters
-from simulator.network import Group, Topology, collective
-from simulator.result import Span
+from partita.planner.modelspec import TransformerDims
+from partita.planner.stages import chunk_ranges
+from partita.simulator.compute import element_bytes
+from partita.simulator.context import StepContext
+from partita.simulator.memory import chunk_blocks, grad_bytes, held_parameters
+from partita.simulator.network import Group, Topology, collective
+from partita.simulator.result import Span
 
 BUCKET_PARAMS = 40_000_000       # Megatron-Core DDP default bucket size (elements)
 # Adam touches per parameter: read fp32 master, grad, m, v; write master, m, v, 16-bit copy;
@@ -32,7 +32,7 @@ SGD_BYTES_PER_PARAM = 22.0
 def chunk_parameters(dims: TransformerDims, ctx: StepContext) -> list[float]:
     """Parameters of each model chunk on one TP rank (embedding with chunk 0, head with the last)."""
     if ctx.profile is not None:
-        from simulator import profiled
+        from partita.simulator import profiled
         return profiled.chunk_parameters(ctx)
     ranges = chunk_ranges(dims.total_layers, ctx.parallel)
     out = []

@@ -26,9 +26,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from planner.costmodel import block_gemms, layer_params, model_flops_per_step
-from planner.modelspec import TransformerDims
-from planner.scenario import Scenario
+from partita.planner.costmodel import block_gemms, layer_params, model_flops_per_step
+from partita.planner.modelspec import TransformerDims
+from partita.planner.scenario import Scenario
 
 SECONDS_PER_DAY = 86400.0
 CONVENTIONS = ("model", "hardware")

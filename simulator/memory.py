@@ -23,12 +23,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from planner.errors import PartitaError
-from planner.modelspec import TransformerDims
-from planner.scenario import ParallelSpec, TrainingSpec
-from planner.stages import chunk_ranges
-from simulator.calibration import Calibration
-from simulator.compute import element_bytes
+from partita.planner.errors import PartitaError
+from partita.planner.modelspec import TransformerDims
+from partita.planner.scenario import ParallelSpec, TrainingSpec
+from partita.planner.stages import chunk_ranges
+from partita.simulator.calibration import Calibration
+from partita.simulator.compute import element_bytes
 
 KEYS = ("parameters", "gradients", "optimizer", "activations", "other")
 OPTIMIZER_STATE_BYTES = {"adam": 8.0, "sgd": 4.0}     # Adam: two fp32 moments; SGD: fp32 momentum

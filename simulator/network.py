@@ -20,9 +20,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from planner.errors import PartitaError
-from planner.hardware import System
-from simulator.calibration import Calibration, TierCalibration
+from partita.planner.errors import PartitaError
+from partita.planner.hardware import System
+from partita.simulator.calibration import Calibration, TierCalibration
 
 ALLREDUCE_ALGORITHMS = ("auto", "ring", "tree", "hierarchical", "parameter-server", "nvls")
 KINDS = ("allreduce", "reduce_scatter", "all_gather", "alltoall")

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from planner.documents import Checker, load_document
-from planner.paths import CALIBRATION_DIR
+from partita.planner.documents import Checker, load_document
+from partita.planner.paths import CALIBRATION_DIR
 
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
 KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "block_overhead_us",

@@ -27,11 +27,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from planner.errors import PartitaError
-from planner.schedule import (COMPUTE_KINDS, ComputationType, Schedule, peak_inflight,
+from partita.planner.errors import PartitaError
+from partita.planner.schedule import (COMPUTE_KINDS, ComputationType, Schedule, peak_inflight,
                               peak_inflight_by_rank, validate)
-from simulator.events import EventLoop
-from simulator.result import Span
+from partita.simulator.events import EventLoop
+from partita.simulator.result import Span
 
 _F, _B, _I, _W = 0, 1, 2, 3
 _CODE = {ComputationType.FORWARD: _F, ComputationType.FULL_BACKWARD: _B,

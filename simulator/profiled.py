@@ -9,18 +9,18 @@ context and sequence parallelism and ZeRO-3 need a transformer model and are ref
 """
 from __future__ import annotations
 
-from planner.errors import PartitaError
-from planner.profile import ModelProfile
-from planner.scenario import check_stages
-from planner.stages import chunk_ranges
-from simulator.memory import MemoryEstimate, bytes_per_parameter
+from partita.planner.errors import PartitaError
+from partita.planner.profile import ModelProfile
+from partita.planner.scenario import check_stages
+from partita.planner.stages import chunk_ranges
+from partita.simulator.memory import MemoryEstimate, bytes_per_parameter
 
 ELEMENTWISE_PASSES = 2.0        # the saved activations are written once and read once
 
 
 def load_profile(scenario) -> ModelProfile:
     """The meta-device profile of the scenario's module at its micro-batch and precision."""
-    from planner.profiler import profile_module          # torch, only for module models
+    from partita.planner.profiler import profile_module          # torch, only for module models
     m, t = scenario.model, scenario.training
     return profile_module(m, micro_batch=t.micro_batch, seq_len=m.seq_len, precision=t.precision,
                           vocab=m.vocab)
@@ -61,7 +61,7 @@ def _layer_times(layer, ctx, cal, oh) -> tuple[float, float, float]:
 
 
 def chunk_costs(ctx, cal, oh) -> list:
-    from simulator.stagecosts import ChunkCost
+    from partita.simulator.stagecosts import ChunkCost
     layers = ctx.profile.layers
     out = []
     for a, b in chunk_ranges(len(layers), ctx.parallel):

@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any
 
-from planner.modelspec import preset_dims, preset_names
+from partita.planner.modelspec import preset_dims, preset_names
 
 if TYPE_CHECKING:
-    from simulator.rowmap import Rules
+    from partita.simulator.rowmap import Rules
 
 SKIP_KINDS = {
     "excluded": "excluded in rowmap.yaml",

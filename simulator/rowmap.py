@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from planner.documents import Checker, load_document
-from planner.errors import PartitaError, closest
-from planner.paths import VALIDATION_DIR
-from planner.scenario import FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES, Scenario, parse_scenario
-from simulator import rowcells as cells
-from simulator.measured import CONVENTIONS, Unconvertible, step_time_from_metric
-from simulator.rowcells import Skip
+from partita.planner.documents import Checker, load_document
+from partita.planner.errors import PartitaError, closest
+from partita.planner.paths import VALIDATION_DIR
+from partita.planner.scenario import FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES, Scenario, parse_scenario
+from partita.simulator import rowcells as cells
+from partita.simulator.measured import CONVENTIONS, Unconvertible, step_time_from_metric
+from partita.simulator.rowcells import Skip
 
 DEFAULT_CSV = VALIDATION_DIR / "published_dev.csv"
 DEFAULT_RULES = VALIDATION_DIR / "rowmap.yaml"

@@ -18,13 +18,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from planner.stages import chunk_ranges
-from simulator.compute import (LayerTimes, element_bytes, elementwise_time, embedding_times,
+from partita.planner.stages import chunk_ranges
+from partita.simulator.compute import (LayerTimes, element_bytes, elementwise_time, embedding_times,
                                head_times, layer_times)
-from simulator.context import StepContext
-from simulator.memory import block_parameter_tensors, block_parameters, chunk_blocks
-from simulator.network import Group, Topology, collective, cp_ring_time, p2p
-from simulator.overheads import Overheads
+from partita.simulator.context import StepContext
+from partita.simulator.memory import block_parameter_tensors, block_parameters, chunk_blocks
+from partita.simulator.network import Group, Topology, collective, cp_ring_time, p2p
+from partita.simulator.overheads import Overheads
 
 FSDP_GRAD_BYTES = 2      # ZeRO-3/FSDP reduce-scatter in the 16-bit compute dtype (DeepSpeed, FSDP2)
 # DeepSpeed ZeRO-3 keeps parameters below this many elements whole on every rank, gathered once
@@ -177,7 +177,7 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
 
 def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads) -> list[ChunkCost]:
     if ctx.profile is not None:
-        from simulator import profiled
+        from partita.simulator import profiled
         return profiled.chunk_costs(ctx, cal, oh)
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     enc = block_cost(ctx, topo, cal, oh, decoder=False)
@@ -212,7 +212,7 @@ def boundary_bytes(ctx: StepContext, chunk: int) -> float:
     size). Megatron splits it over the TP ranks (scatter-gather; Narayanan et al. 2021, Sec. 4.1);
     a t5 decoder chunk also carries the encoder output."""
     if ctx.profile is not None:
-        from simulator import profiled
+        from partita.simulator import profiled
         return profiled.boundary_bytes(ctx, chunk)
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     e = element_bytes(t.precision)

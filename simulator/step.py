@@ -17,17 +17,17 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from planner.costmodel import model_flops_per_step
-from planner.schedule import build
-from simulator.calibration import load_calibration
-from simulator.context import StepContext, resolve
-from simulator.dataparallel import dp_finish_times, optimizer_time
-from simulator.memory import pipeline_memory
-from simulator.network import build_topology
-from simulator.overheads import Overheads, load_overheads
-from simulator.pipeline import CompiledSchedule, PipelineCosts, compile_schedule, simulate_pipeline
-from simulator.result import SimResult, Span
-from simulator.stagecosts import chunk_costs, p2p_costs
+from partita.planner.costmodel import model_flops_per_step
+from partita.planner.schedule import build
+from partita.simulator.calibration import load_calibration
+from partita.simulator.context import StepContext, resolve
+from partita.simulator.dataparallel import dp_finish_times, optimizer_time
+from partita.simulator.memory import pipeline_memory
+from partita.simulator.network import build_topology
+from partita.simulator.overheads import Overheads, load_overheads
+from partita.simulator.pipeline import CompiledSchedule, PipelineCosts, compile_schedule, simulate_pipeline
+from partita.simulator.result import SimResult, Span
+from partita.simulator.stagecosts import chunk_costs, p2p_costs
 
 PART_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "fsdp_comm")
 
@@ -64,7 +64,7 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     step = dp_end[critical] + opt_s + overhead_s
     inflight = [float(x) / max(1, p.virtual_stages) for x in _inflight(timeline, p)]
     if ctx.profile is not None:
-        from simulator import profiled
+        from partita.simulator import profiled
         mem = profiled.pipeline_memory(ctx, cal, inflight)
     else:
         mem = pipeline_memory(ctx.dims, ctx.training, p, cal, microbatches=ctx.microbatches,
@@ -130,7 +130,7 @@ def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak
     gpu = ctx.system.gpu
     tokens = t.global_batch * ctx.seq_len
     if ctx.profile is not None:
-        from simulator import profiled
+        from partita.simulator import profiled
         model_flops = profiled.model_flops_per_step(ctx)
     else:
         model_flops = model_flops_per_step(ctx.dims, t.global_batch)

@@ -13,8 +13,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PartitaError
-from simulator.result import Span
+from partita.planner.errors import PartitaError
+from partita.simulator.result import Span
 
 LANE_ORDER = ("compute", "send", "recv", "tp", "cp", "dp", "optimizer")
 _US = 1e6

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.documents import Checker, load_document
-from planner.errors import PartitaError, unknown_name
-from planner.paths import VALIDATION_DIR
-from simulator.rowmap import MappedRow, Rules, SkippedRow, load_rules, map_row, read_rows
+from partita.planner.documents import Checker, load_document
+from partita.planner.errors import PartitaError, unknown_name
+from partita.planner.paths import VALIDATION_DIR
+from partita.simulator.rowmap import MappedRow, Rules, SkippedRow, load_rules, map_row, read_rows
 
 DEFAULT_SPLIT = VALIDATION_DIR / "split.yaml"
 MEMORY_CSV = VALIDATION_DIR / "published_memory.csv"      # runs with a published peak memory
@@ -148,12 +148,12 @@ def select_rows(rows: list[dict[str, str]], wanted: Iterable[str] | None) -> lis
 
 
 def _default_simulate() -> Callable[..., Any]:
-    from simulator.step import simulate
+    from partita.simulator.step import simulate
     return simulate
 
 
 def _default_catalog() -> Any:
-    from planner.catalog import load_catalog
+    from partita.planner.catalog import load_catalog
     return load_catalog()
 
 

@@ -21,10 +21,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-from executor.checkpoint import (latest_checkpoint, load_checkpoint, plan_fingerprint,
+from partita.executor.checkpoint import (latest_checkpoint, load_checkpoint, plan_fingerprint,
                                  save_checkpoint)
-from executor.faults import maybe_inject_fault
-from planner.scenario import parse_scenario
+from partita.executor.faults import maybe_inject_fault
+from partita.planner.scenario import parse_scenario
 
 IN, WIDTH, OUT = 16, 32, 8
 MICROBATCHES, MICRO_BATCH = 4, 2

@@ -8,11 +8,11 @@ import pytest
 import yaml
 
 from partita.cli import main
-from planner.catalog import load_catalog, local_catalog_path
-from planner.catalog_schema import source_list
-from planner.documents import Checker
-from planner.errors import PartitaError
-from planner.scenario import ClusterSpec
+from partita.planner.catalog import load_catalog, local_catalog_path
+from partita.planner.catalog_schema import source_list
+from partita.planner.documents import Checker
+from partita.planner.errors import PartitaError
+from partita.planner.scenario import ClusterSpec
 
 RESEARCH = Path(__file__).resolve().parents[2] / "shared" / "research" / "hardware_catalog.yaml"
 REQUIRED_GPUS = ("k80", "t4", "v100-16gb", "v100-32gb", "a10g", "a100-40gb", "a100-80gb", "h100-80gb",

@@ -7,13 +7,13 @@ import math
 import pytest
 import yaml
 
-from planner.errors import PartitaError
-from planner.hardware import GPU
-from planner.modelspec import TransformerDims, preset_dims
-from simulator.calibration import Curve, load_calibration
-from simulator.compute import (attention_flops, attention_time, block_gemms, block_matmul_flops,
+from partita.planner.errors import PartitaError
+from partita.planner.hardware import GPU
+from partita.planner.modelspec import TransformerDims, preset_dims
+from partita.simulator.calibration import Curve, load_calibration
+from partita.simulator.compute import (attention_flops, attention_time, block_gemms, block_matmul_flops,
                                elementwise_time, embedding_times, gemm_time, head_times, layer_times)
-from simulator.memory import block_parameters
+from partita.simulator.memory import block_parameters
 
 FLAT = {  # every efficiency 1, no kernel floor: times are work / peak exactly
     "default": {"matmul_shape_by_ideal_us": [[1e-3, 1.0], [1e6, 1.0]],
@@ -133,7 +133,7 @@ def test_block_gemm_flops_are_two_per_weight_per_token():
 @pytest.mark.parametrize("dims,decoder", [(GPT, False), (LLAMA, False), (preset_dims("t5-3b"), True),
                                           (preset_dims("bert-base"), False)])
 def test_block_flops_agree_with_the_cost_model(dims, decoder):
-    from planner import costmodel
+    from partita.planner import costmodel
     kind = "decoder" if decoder else None
     theirs = sum(g.flops for g in costmodel.block_gemms(dims, 2, kind=kind))
     assert block_matmul_flops(dims, 2, decoder=decoder) == theirs

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from planner.costmodel import (analytic_profile, block_gemms, head_gemms, layer_params,
+from partita.planner.costmodel import (analytic_profile, block_gemms, head_gemms, layer_params,
                                model_flops_per_step, total_params)
-from planner.errors import PartitaError
-from planner.modelspec import TransformerDims, preset_dims, preset_names
+from partita.planner.errors import PartitaError
+from partita.planner.modelspec import TransformerDims, preset_dims, preset_names
 
 
 def test_tiny_gpt_by_hand():
@@ -49,7 +49,7 @@ def test_preset_parameter_counts(name):
 
 def test_parameter_counts_match_the_torch_models():
     torch = pytest.importorskip("torch")
-    from planner.models import build_model
+    from partita.planner.models import build_model
     for name in preset_names():
         model = build_model(preset_dims(name), device="meta")
         assert sum(p.numel() for p in model.parameters()) == total_params(preset_dims(name)), name

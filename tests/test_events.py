@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from simulator.events import NORMAL, URGENT, EventLoop
+from partita.simulator.events import NORMAL, URGENT, EventLoop
 
 
 @pytest.fixture

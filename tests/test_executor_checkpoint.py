@@ -15,12 +15,12 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executor.checkpoint import (latest_checkpoint, load_checkpoint, plan_fingerprint,
+from partita.executor.checkpoint import (latest_checkpoint, load_checkpoint, plan_fingerprint,
                                  read_manifest, save_checkpoint)
-from executor.faults import (FAULT_EXIT_CODE, RESTART_SAFE_ENV, Fault, due_fault,
+from partita.executor.faults import (FAULT_EXIT_CODE, RESTART_SAFE_ENV, Fault, due_fault,
                              maybe_inject_fault, parse_faults)
-from planner.errors import PartitaError
-from planner.scenario import parse_scenario
+from partita.planner.errors import PartitaError
+from partita.planner.scenario import parse_scenario
 
 TESTS = Path(__file__).resolve().parent
 PLAN = {

@@ -9,11 +9,11 @@ import pytest
 import torch
 import yaml
 
-from executor.launch import Job, Rendezvous, launch, torchrun_command
+from partita.executor.launch import Job, Rendezvous, launch, torchrun_command
 from partita.cli import build_parser, main
 from partita.commands.run import placement
-from planner.errors import PartitaError
-from planner.paths import SCENARIOS_DIR
+from partita.planner.errors import PartitaError
+from partita.planner.paths import SCENARIOS_DIR
 
 TINY = SCENARIOS_DIR / "tiny-gpt-pp2.yaml"
 
@@ -118,7 +118,7 @@ def test_bad_flag_values_are_usage_errors(capsys, flags, message):
 
 
 def test_several_machines_get_torchruns_rendezvous_flags(tmp_path):
-    from planner.scenario import load_scenario
+    from partita.planner.scenario import load_scenario
     scenario = load_scenario(scenario_file(tmp_path, cluster__system="p4d.24xlarge",
                                            cluster__gpus=16, parallel__data=8,
                                            training__global_batch=64))
@@ -130,7 +130,7 @@ def test_several_machines_get_torchruns_rendezvous_flags(tmp_path):
     text = " ".join(cmd)
     assert "--standalone" not in cmd and "--nproc-per-node 8 --nnodes 2 --node-rank 1" in text
     assert "--rdzv-endpoint host0:29500" in text and "--max-restarts 2" in text
-    assert cmd[-4:] == ["-m", "executor.worker", "--job", str(tmp_path / "job.json")]
+    assert cmd[-4:] == ["-m", "partita.executor.worker", "--job", str(tmp_path / "job.json")]
     one = torchrun_command(tmp_path / "job.json", 2, Rendezvous())
     assert "--standalone" in one and "--nnodes" not in one
 
@@ -152,8 +152,8 @@ def test_a_workers_bad_input_comes_back_as_one_error(tmp_path):
 
 @pytest.mark.slow
 def test_run_prints_the_contract_and_writes_its_outputs(capsys, tmp_path):
-    from planner.schedule import build
-    from simulator.trace import spans_from_trace
+    from partita.planner.schedule import build
+    from partita.simulator.trace import spans_from_trace
     out = tmp_path / "out"
     tokens = tmp_path / "tokens.bin"
     (np.arange(5000, dtype=np.uint16) * 7 % 128).astype(np.uint16).tofile(tokens)

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from executor.measure import StepRecord, step_lines, summarize
-from simulator.result import Span
+from partita.executor.measure import StepRecord, step_lines, summarize
+from partita.simulator.result import Span
 
 
 def record(rank, step, wall, peak=None):

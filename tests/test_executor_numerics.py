@@ -22,10 +22,10 @@ import pytest
 import torch
 import yaml
 
-from executor.train import reference_run
+from partita.executor.train import reference_run
 from partita.cli import main
-from planner.paths import SCENARIOS_DIR
-from planner.scenario import load_scenario
+from partita.planner.paths import SCENARIOS_DIR
+from partita.planner.scenario import load_scenario
 
 pytestmark = pytest.mark.slow
 

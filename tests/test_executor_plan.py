@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 import torch
 
-from executor.data import DataSpec, TokenStream, check_token_file, replica_samples
-from executor.plan import Coords, execution_plan
-from executor.stages import build_chunks, tied_groups
-from planner.errors import PartitaError
-from planner.scenario import parse_scenario
+from partita.executor.data import DataSpec, TokenStream, check_token_file, replica_samples
+from partita.executor.plan import Coords, execution_plan
+from partita.executor.stages import build_chunks, tied_groups
+from partita.planner.errors import PartitaError
+from partita.planner.scenario import parse_scenario
 
 BASE = {
     "name": "t",
@@ -148,7 +148,7 @@ def test_bad_token_files(tmp_path, name, data, message):
 
 
 def test_tied_embedding_across_stages_is_one_group():
-    from planner.models import build_model
+    from partita.planner.models import build_model
     plan = execution_plan(scenario(), 8)
     model = build_model(scenario().model.resolve(), device="meta")
     assert tied_groups(model, plan)[0].names == ("embedding.tok.weight", "head.lm_head.weight")
@@ -172,7 +172,7 @@ def test_chunks_of_one_rank_get_their_own_copy_of_a_tied_weight():
 
 
 def test_chunks_chain_to_the_whole_model():
-    from planner.models import build_model
+    from partita.planner.models import build_model
     s = scenario(parallel__tensor=1, parallel__data=1, cluster__gpus=2)
     plan = execution_plan(s, 2)
     chunks = [build_chunks(plan, s.model.resolve(), (st,), torch.device("cpu"), seed=5)[0][0]

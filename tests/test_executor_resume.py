@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from partita.cli import main
-from planner.paths import SCENARIOS_DIR
+from partita.planner.paths import SCENARIOS_DIR
 
 pytestmark = pytest.mark.slow
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.paths import SCENARIOS_DIR
+from partita.planner.paths import SCENARIOS_DIR
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = Path(__file__).resolve().parent / "golden"
@@ -84,7 +84,7 @@ def _check(path: Path, actual: dict, update: bool, compare) -> None:
 def shipped_catalog(tmp_path_factory):
     """The shipped catalog only: no ~/.partita/local.yaml, no $PARTITA_CATALOG."""
     _need_simulator()
-    from planner.catalog import load_catalog
+    from partita.planner.catalog import load_catalog
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PARTITA_HOME", str(tmp_path_factory.mktemp("partita_home")))
         mp.delenv("PARTITA_CATALOG", raising=False)
@@ -93,7 +93,7 @@ def shipped_catalog(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def validation_summary(shipped_catalog) -> dict:
-    from simulator.validation import run_validation
+    from partita.simulator.validation import run_validation
     report = run_validation(catalog=shipped_catalog)
     return {group: report.summary(group).to_json() for group in SUMMARY_KEYS}
 
@@ -114,7 +114,7 @@ def test_holdout_error_within_issue_targets(validation_summary):
 
 @pytest.fixture(scope="module")
 def memory_summary(shipped_catalog) -> dict:
-    from simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
+    from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
     report = run_validation(MEMORY_CSV, split=load_split(MEMORY_SPLIT), catalog=shipped_catalog)
     return {group: report.memory_summary(group).to_json() for group in SUMMARY_KEYS}
 
@@ -131,8 +131,8 @@ def test_memory_holdout_within_issue_target(memory_summary):
 def shipped_predictions(catalog) -> dict[str, dict[str, float]]:
     """Every shipped scenario with a parallel section on a shipped system. (Scenarios on `local`,
     the machine `partita calibrate` measured, differ from machine to machine and are left out.)"""
-    from planner.scenario import load_scenario
-    from simulator.step import simulate
+    from partita.planner.scenario import load_scenario
+    from partita.simulator.step import simulate
     out = {}
     for path in sorted(SCENARIOS_DIR.glob("*.yaml")):
         scenario = load_scenario(path)
@@ -144,7 +144,7 @@ def shipped_predictions(catalog) -> dict[str, dict[str, float]]:
 
 
 def _shipped_system(catalog, name: str) -> bool:
-    from planner.errors import PartitaError
+    from partita.planner.errors import PartitaError
     try:
         catalog.system(name)
     except PartitaError:

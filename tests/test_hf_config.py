@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 
 from partita.cli import main
-from planner.costmodel import total_params
-from planner.errors import PartitaError
-from planner.hf_config import dims_from_hf_config
-from planner.modelspec import TransformerDims, preset_dims
+from partita.planner.costmodel import total_params
+from partita.planner.errors import PartitaError
+from partita.planner.hf_config import dims_from_hf_config
+from partita.planner.modelspec import TransformerDims, preset_dims
 
 # The config.json files of the published checkpoints (keys that do not matter trimmed).
 GPT2 = {"activation_function": "gelu_new", "architectures": ["GPT2LMHeadModel"], "attn_pdrop": 0.1,

@@ -2,9 +2,10 @@
 import subprocess
 import sys
 
-TORCH_FREE = ["planner.scenario", "planner.catalog", "planner.costmodel", "planner.schedule",
-              "simulator.step", "simulator.validation", "simulator.trace", "executor.plan",
-              "executor.launch", "partita.cli"]
+TORCH_FREE = ["partita.planner.scenario", "partita.planner.catalog", "partita.planner.costmodel",
+              "partita.planner.schedule", "partita.simulator.step", "partita.simulator.validation",
+              "partita.simulator.trace", "partita.executor.plan", "partita.executor.launch",
+              "partita.cli"]
 
 
 def test_no_torch_at_import_time():
@@ -16,8 +17,9 @@ def test_no_torch_at_import_time():
 
 
 def test_planner_does_not_import_the_simulator():
-    code = ("import sys\nimport planner.scenario, planner.catalog, planner.costmodel, planner.schedule, "
-            "planner.stages\nprint(any(m.startswith(('simulator', 'executor', 'reports')) "
+    code = ("import sys\nimport partita.planner.scenario, partita.planner.catalog, "
+            "partita.planner.costmodel, partita.planner.schedule, partita.planner.stages\n"
+            "print(any(m.startswith(('partita.simulator', 'partita.executor', 'partita.reports')) "
             "for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from planner.errors import PartitaError
-from planner.modelspec import TransformerDims, preset_dims
-from planner.scenario import ParallelSpec, TrainingSpec
-from simulator.calibration import load_calibration
-from simulator.memory import (activation_microbatches, block_activation_bytes, block_parameters,
+from partita.planner.errors import PartitaError
+from partita.planner.modelspec import TransformerDims, preset_dims
+from partita.planner.scenario import ParallelSpec, TrainingSpec
+from partita.simulator.calibration import load_calibration
+from partita.simulator.memory import (activation_microbatches, block_activation_bytes, block_parameters,
                               bytes_per_parameter, embedding_parameters, pipeline_memory,
                               stage_memory)
 
@@ -59,7 +59,7 @@ def test_megatron_block_parameters_by_hand():
 
 @pytest.mark.parametrize("name", ["gpt2", "llama2-70b", "bert-large"])
 def test_block_parameters_agree_with_the_cost_model(name):
-    from planner.costmodel import layer_params
+    from partita.planner.costmodel import layer_params
     dims = preset_dims(name)
     blocks = {p for _, kind, p in layer_params(dims) if kind == "block"}
     assert blocks == {block_parameters(dims)}
@@ -67,7 +67,7 @@ def test_block_parameters_agree_with_the_cost_model(name):
 
 @pytest.mark.parametrize("name", ["gpt2", "llama2-70b", "bert-large", "t5-3b"])
 def test_parameter_tensors_add_up_to_the_block(name):
-    from simulator.memory import block_parameter_tensors
+    from partita.simulator.memory import block_parameter_tensors
     dims = preset_dims(name)
     for decoder in (False, True) if dims.arch == "t5" else (False,):
         assert sum(block_parameter_tensors(dims, decoder=decoder)) == block_parameters(

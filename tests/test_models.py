@@ -7,11 +7,11 @@ import re
 import pytest
 import torch
 
-from planner.errors import PartitaError
-from planner.hf_config import dims_from_hf_config
-from planner.modelspec import ModelSpec, TransformerDims, preset_dims
-from planner.models import build_from_spec, build_model, layer_chain
-from planner.models.common import Attention
+from partita.planner.errors import PartitaError
+from partita.planner.hf_config import dims_from_hf_config
+from partita.planner.modelspec import ModelSpec, TransformerDims, preset_dims
+from partita.planner.models import build_from_spec, build_model, layer_chain
+from partita.planner.models.common import Attention
 
 TINY = {
     "gpt": dict(arch="gpt", layers=2, hidden=64, heads=4, seq_len=16, vocab=97, max_positions=32),

@@ -10,11 +10,11 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import PartitaError
-from planner.hardware import GPU, Fabric, Network, System
-from planner.paths import CALIBRATION_DIR
-from simulator.calibration import load_calibration
-from simulator.network import (ALLREDUCE, Group, Tier, Topology, all_gather, alltoall,
+from partita.planner.errors import PartitaError
+from partita.planner.hardware import GPU, Fabric, Network, System
+from partita.planner.paths import CALIBRATION_DIR
+from partita.simulator.calibration import load_calibration
+from partita.simulator.network import (ALLREDUCE, Group, Tier, Topology, all_gather, alltoall,
                                build_topology, collective, cp_ring_time, hierarchical_allreduce,
                                p2p, parameter_server, parameter_server_traffic, reduce_scatter,
                                ring_allreduce, tree_allreduce)
@@ -306,7 +306,7 @@ def test_unpublished_bandwidth_needs_a_what_if(cal):
 
 
 def test_every_catalog_system_builds(cal):
-    from planner.catalog import load_catalog
+    from partita.planner.catalog import load_catalog
     catalog = load_catalog()
     for name in catalog.system_names():
         s = catalog.system(name)

@@ -8,12 +8,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import PartitaError
-from planner.schedule import (NAMES, Action, add_comms, build, gpipe, interleaved_1f1b,
+from partita.planner.errors import PartitaError
+from partita.planner.schedule import (NAMES, Action, add_comms, build, gpipe, interleaved_1f1b,
                               one_f_one_b, peak_inflight_by_rank, zero_bubble_h1)
-from simulator.pipeline import PipelineCosts, compile_schedule, simulate_pipeline
-from simulator.result import Span
-from simulator.trace import chrome_trace, read_trace, spans_from_trace, write_trace
+from partita.simulator.pipeline import PipelineCosts, compile_schedule, simulate_pipeline
+from partita.simulator.result import Span
+from partita.simulator.trace import chrome_trace, read_trace, spans_from_trace, write_trace
 
 
 def test_one_f_one_b_by_hand():

@@ -1,5 +1,5 @@
 """Rank placement: Megatron order (tp fastest, pp slowest) and the node span of each group."""
-from simulator.placement import Placement
+from partita.simulator.placement import Placement
 
 
 def test_tp8_fills_a_node_so_dp_is_one_rank_per_node():

@@ -10,10 +10,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from partita.cli import main
-from planner.costmodel import analytic_profile
-from planner.errors import PartitaError
-from planner.modelspec import ModelSpec, TransformerDims, preset_dims
-from planner.profiler import achieved_flops_per_s, profile_module
+from partita.planner.costmodel import analytic_profile
+from partita.planner.errors import PartitaError
+from partita.planner.modelspec import ModelSpec, TransformerDims, preset_dims
+from partita.planner.profiler import achieved_flops_per_s, profile_module
 
 FIELDS = ("name", "kind", "params", "param_bytes", "fwd_flops", "bwd_flops", "matmul_flops",
           "activation_bytes", "output_bytes")
@@ -89,7 +89,7 @@ def test_llama2_70b_profiles_on_meta():
 
 
 def test_pipeline_model_profiles_from_its_dims():
-    from planner.models import build_model
+    from partita.planner.models import build_model
     dims = TINY[0]
     model = build_model(dims)
     assert_same(profile_module(model, micro_batch=2, precision="fp32"),

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from partita.cli import main
-from planner.errors import PartitaError
-from planner.scenario import load_scenario, parse_scenario
-from planner.paths import SCENARIOS_DIR
+from partita.planner.errors import PartitaError
+from partita.planner.scenario import load_scenario, parse_scenario
+from partita.planner.paths import SCENARIOS_DIR
 
 BASE = {
     "name": "t",

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import PartitaError
-from planner.scenario import SCHEDULES
-from planner.schedule import (NAMES, Action, ComputationType, add_comms, build, compute_only,
+from partita.planner.errors import PartitaError
+from partita.planner.scenario import SCHEDULES
+from partita.planner.schedule import (NAMES, Action, ComputationType, add_comms, build, compute_only,
                               format_csv, from_csv, gpipe, interleaved_1f1b, one_f_one_b,
                               parse_csv, peak_inflight, peak_inflight_by_rank, to_csv, validate,
                               zero_bubble_h1)

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from partita.cli import main
-from planner.catalog import load_catalog
-from planner.scenario import load_scenario, parse_scenario
-from simulator.step import simulate
+from partita.planner.catalog import load_catalog
+from partita.planner.scenario import load_scenario, parse_scenario
+from partita.simulator.step import simulate
 
 CONTRACT_KEYS = {"step_time_s", "tokens_per_s", "samples_per_s", "tflops_per_gpu", "mfu",
                  "peak_memory_gib", "fits_in_memory", "bubble_fraction", "breakdown_s"}
@@ -172,8 +172,8 @@ def test_shipped_examples_simulate():
      "framework_block_overhead_us.deepspeed: must be >= 0, got -5"),
 ])
 def test_bad_overheads_file_names_the_key(tmp_path, text, message):
-    from planner.errors import PartitaError
-    from simulator.overheads import load_overheads
+    from partita.planner.errors import PartitaError
+    from partita.simulator.overheads import load_overheads
     path = tmp_path / "training.yaml"
     path.write_text(text)
     with pytest.raises(PartitaError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -187,7 +187,7 @@ def _framework_doc(framework: str) -> dict:
 
 
 def test_framework_fractions_slow_kernels_and_deepspeed_zero3_gathers_again_for_recompute():
-    from simulator.overheads import Overheads
+    from partita.simulator.overheads import Overheads
     catalog = load_catalog()
     plain = Overheads()
     mega = simulate(parse_scenario(_framework_doc("megatron")), catalog, overheads=plain)
@@ -208,13 +208,13 @@ def test_framework_block_overhead_is_paid_on_every_block_pass_of_that_framework_
     """DeepSpeed's fixed cost per block pass: each chunk's forward pays it once per block, its
     backward three times under full recompute (recomputed forward, backward-input,
     backward-weight); another framework's chunks are unchanged."""
-    from simulator.calibration import load_calibration
-    from simulator.context import resolve
-    from simulator.memory import chunk_blocks
-    from simulator.network import build_topology
-    from simulator.overheads import Overheads
-    from simulator.stagecosts import chunk_costs
-    from planner.stages import chunk_ranges
+    from partita.simulator.calibration import load_calibration
+    from partita.simulator.context import resolve
+    from partita.simulator.memory import chunk_blocks
+    from partita.simulator.network import build_topology
+    from partita.simulator.overheads import Overheads
+    from partita.simulator.stagecosts import chunk_costs
+    from partita.planner.stages import chunk_ranges
     catalog, cal, c = load_catalog(), load_calibration(), 1e-3
     paying = Overheads(framework_block_overhead_s={"deepspeed": c})
     for framework, per_block in (("deepspeed", c), ("megatron", 0.0)):
@@ -236,7 +236,7 @@ def test_zero3_gathers_without_prefetch_add_to_compute():
     and reduce-scatter run between its kernels, so the step is the overlapped one plus what the
     overlap hid."""
     catalog = load_catalog()
-    from simulator.overheads import Overheads
+    from partita.simulator.overheads import Overheads
     plain = Overheads()
     for framework in ("fsdp", "deepspeed"):
         hidden = simulate(parse_scenario(_framework_doc(framework)), catalog, overheads=plain)
@@ -251,7 +251,7 @@ def test_zero3_gathers_without_prefetch_add_to_compute():
 def test_list_collective_by_hand():
     """A collective on a Python list of per-rank tensors (DeepSpeed 0.3): per rank, the host loop
     and one copy kernel; none for a kind without an entry."""
-    from simulator.overheads import Overheads
+    from partita.simulator.overheads import Overheads
     oh = Overheads(list_collective_host_s={"all_gather": 4e-6, "reduce_scatter": 0.0})
     assert oh.list_collective("all_gather", 1000, 3e-6) == pytest.approx(7e-3)   # loop + copy
     assert oh.list_collective("reduce_scatter", 1000, 3e-6) == pytest.approx(3e-3)   # copies only
@@ -268,7 +268,7 @@ def test_list_collective_by_hand():
 def test_list_collectives_grow_with_ranks_only_for_deepspeed_without_prefetch():
     """DeepSpeed 0.3's synchronous per-tensor list gathers cost more with every rank; FSDP's flat
     gathers and prefetched DeepSpeed do not pay it."""
-    from simulator.overheads import Overheads
+    from partita.simulator.overheads import Overheads
     catalog = load_catalog()
     plain, listed = Overheads(), Overheads(list_collective_host_s={"all_gather": 4e-6})
 
@@ -289,8 +289,8 @@ def test_list_collectives_grow_with_ranks_only_for_deepspeed_without_prefetch():
 def test_deepspeed_does_not_gather_tensors_under_the_persistence_threshold(monkeypatch):
     """stage3_param_persistence_threshold (100,000 elements): biases and norms stay whole, so only
     the weight matrices are gathered per block; gathering everything costs more latency."""
-    from simulator import stagecosts
-    from simulator.overheads import Overheads
+    from partita.simulator import stagecosts
+    from partita.simulator.overheads import Overheads
     catalog = load_catalog()
     doc = _framework_doc("deepspeed")
     doc["parallel"]["overlap_param_gather"] = False
@@ -302,7 +302,7 @@ def test_deepspeed_does_not_gather_tensors_under_the_persistence_threshold(monke
 
 def test_overlapped_by_hand():
     """A collective beside kernels slows them by k while it runs (Overheads.overlapped)."""
-    from simulator.overheads import Overheads
+    from partita.simulator.overheads import Overheads
     ideal = Overheads()
     assert ideal.overlapped(1.0, 0.5) == 1.0 and ideal.overlapped(1.0, 3.0) == 3.0
     k = Overheads(overlap_slowdown=0.25)
@@ -321,7 +321,7 @@ def test_overlapped_by_hand():
     small(tensor=1, pipeline=2, data=8, zero=1),              # distributed optimizer
 ], ids=["zero3", "ddp", "zero1"])
 def test_overlap_slowdown_slows_steps_with_hidden_collectives(doc):
-    from simulator.overheads import Overheads
+    from partita.simulator.overheads import Overheads
     catalog = load_catalog()
     doc["parallel"]["overlap_grad_reduce"] = True
     doc["parallel"]["overlap_param_gather"] = True
@@ -332,7 +332,7 @@ def test_overlap_slowdown_slows_steps_with_hidden_collectives(doc):
 
 
 def test_overlap_slowdown_leaves_steps_without_collectives_alone():
-    from simulator.overheads import Overheads
+    from partita.simulator.overheads import Overheads
     catalog = load_catalog()
     doc = small(tensor=1, pipeline=2, data=1)
     doc["cluster"]["gpus"] = 2

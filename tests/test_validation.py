@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 
 from partita.cli import main
-from planner.errors import PartitaError
-from planner.modelspec import TransformerDims, preset_dims
-from planner.scenario import parse_scenario
-from simulator import validation
-from simulator.measured import hardware_flops, model_flops
-from simulator.result import GIB, SimResult
-from simulator.rowcells import leading_int
-from simulator.rowmap import COLUMNS, MappedRow, SkippedRow, load_rules, map_row, read_rows
-from simulator.validation import load_split, run_validation, summarize
+from partita.planner.errors import PartitaError
+from partita.planner.modelspec import TransformerDims, preset_dims
+from partita.planner.scenario import parse_scenario
+from partita.simulator import validation
+from partita.simulator.measured import hardware_flops, model_flops
+from partita.simulator.result import GIB, SimResult
+from partita.simulator.rowcells import leading_int
+from partita.simulator.rowmap import COLUMNS, MappedRow, SkippedRow, load_rules, map_row, read_rows
+from partita.simulator.validation import load_split, run_validation, summarize
 
 STANDIN_FLOPS = 100e12          # the stand-in simulator's FLOP/s per GPU
 
@@ -410,7 +410,7 @@ def test_cli_with_the_real_simulator(capsys):
 def test_a_guessed_parallel_layout_is_not_fully_specified():
     """MLM24-10/11: the CSV guesses TP/PP ('8 (assumed = model table)'); such rows are skipped, not
     scored, since the layout sets most of the step time."""
-    from simulator.rowmap import SkippedRow, load_rules, map_row, read_rows
+    from partita.simulator.rowmap import SkippedRow, load_rules, map_row, read_rows
     rules = load_rules()
     rows = {r["id"]: r for r in read_rows()}
     for rid in ("MLM24-10", "MLM24-11"):
@@ -422,7 +422,7 @@ def test_a_guessed_parallel_layout_is_not_fully_specified():
 # --- the published peak-memory runs ------------------------------------------------------------
 
 def test_memory_csv_rows_all_carry_a_peak_and_mostly_map():
-    from simulator.validation import MEMORY_CSV, MEMORY_SPLIT
+    from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT
     rows = read_rows(MEMORY_CSV)
     assert len(rows) >= 60 and all(float(r["peak_memory_GiB"]) > 0 for r in rows)
     rules = load_rules()

@@ -20,6 +20,6 @@ def add_catalog_option(parser: argparse.ArgumentParser) -> None:
 
 def catalog_from_args(args: argparse.Namespace):
     """The catalog for a command: shipped entries plus --catalog FILE (or $PARTITA_CATALOG)."""
-    from planner.catalog import load_catalog
+    from partita.planner.catalog import load_catalog
     extra = getattr(args, "catalog", None) or os.environ.get("PARTITA_CATALOG") or None
     return load_catalog(extra)

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PartitaError
+from partita.planner.errors import PartitaError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -41,8 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.calibrate import calibrate
-    from executor.calibrate_output import check_writable, write_documents
+    from partita.executor.calibrate import calibrate
+    from partita.executor.calibrate_output import check_writable, write_documents
     processes, device = _processes(args.gpus, args.device)
     catalog_path, calibration_path = output_paths(args.out, args.calibration_out)
     check_writable(catalog_path)
@@ -75,8 +75,8 @@ def _processes(text: str | None, device: str | None) -> tuple[int, str]:
 
 
 def output_paths(out: str | None, calibration_out: str | None) -> tuple[Path, Path]:
-    from planner.catalog import local_catalog_path
-    from simulator.calibration import local_calibration_path
+    from partita.planner.catalog import local_catalog_path
+    from partita.simulator.calibration import local_calibration_path
     catalog = Path(out).expanduser() if out else local_catalog_path()
     if calibration_out:
         return catalog, Path(calibration_out).expanduser()
@@ -87,10 +87,10 @@ def output_paths(out: str | None, calibration_out: str | None) -> tuple[Path, Pa
 
 def fit_check(result, catalog_path: Path, calibration_path: Path) -> dict[str, Any]:
     """Load what was written, as the simulator will, and predict the measured work with it."""
-    from planner.catalog import load_catalog
-    from simulator.calibration import load_calibration
-    from simulator.compute import gemm_time
-    from simulator.network import Group, build_topology, collective, p2p
+    from partita.planner.catalog import load_catalog
+    from partita.simulator.calibration import load_calibration
+    from partita.simulator.compute import gemm_time
+    from partita.simulator.network import Group, build_topology, collective, p2p
     catalog = load_catalog(catalog_path)
     cal = load_calibration(calibration_path, include_local=False)
     system = catalog.system("local")

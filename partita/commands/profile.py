@@ -40,9 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.errors import PartitaError
-    from planner.scenario import load_scenario
-    from planner.profiler import profile_module
+    from partita.planner.errors import PartitaError
+    from partita.planner.scenario import load_scenario
+    from partita.planner.profiler import profile_module
 
     scenario = load_scenario(args.file)
     micro_batch = args.micro_batch if args.micro_batch is not None else scenario.training.micro_batch
@@ -72,13 +72,13 @@ def predict(scenario, micro_batch: int, args: argparse.Namespace) -> Prediction:
     """The simulator's compute model, layer by layer, on the scenario's GPU (tp = cp = 1). A model
     with no transformer dims, or a system the catalog lacks, gets a reason instead: profiling
     itself needs no hardware."""
-    from planner.errors import PartitaError
+    from partita.planner.errors import PartitaError
 
     dims = scenario.model.resolve()
     if dims is None:
         return Prediction(reason="a module: model has no transformer dims for the simulator")
     try:
-        from simulator.calibration import load_calibration
+        from partita.simulator.calibration import load_calibration
         gpu = catalog_from_args(args).system(scenario.cluster.system).gpu
         return Prediction(gpu.name, _layer_times(dims, micro_batch, scenario.training.precision,
                                                  gpu, load_calibration()))
@@ -87,8 +87,8 @@ def predict(scenario, micro_batch: int, args: argparse.Namespace) -> Prediction:
 
 
 def _layer_times(dims, micro_batch: int, precision: str, gpu, cal) -> list[tuple[float, float]]:
-    from planner.costmodel import layer_params
-    from simulator.compute import embedding_times, head_times, layer_times
+    from partita.planner.costmodel import layer_params
+    from partita.simulator.compute import embedding_times, head_times, layer_times
 
     out = []
     for _, kind, _ in layer_params(dims):
@@ -115,7 +115,7 @@ def _model_label(spec) -> str:
 def to_json(profile, prediction: Prediction | None = None) -> dict:
     """The profile as the contract's JSON object; measured layers also carry achieved_flops_per_s,
     predicted ones predicted_fwd_s / predicted_bwd_s (on `predicted_gpu`)."""
-    from planner.profiler import achieved_flops_per_s
+    from partita.planner.profiler import achieved_flops_per_s
 
     out = profile.to_dict()
     if prediction is not None:
@@ -132,7 +132,7 @@ def to_json(profile, prediction: Prediction | None = None) -> dict:
 
 
 def format_table(profile, prediction: Prediction | None = None) -> str:
-    from planner.profiler import achieved_flops_per_s
+    from partita.planner.profiler import achieved_flops_per_s
 
     measured = profile.device is not None
     predicted = prediction is not None and prediction.times is not None

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from partita.commands import add_catalog_option, catalog_from_args
-from planner.errors import PartitaError
+from partita.planner.errors import PartitaError
 
 
 def _whole(minimum: int):
@@ -78,8 +78,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from executor.launch import Job, launch
-    from planner.scenario import find_scenario_file, load_scenario
+    from partita.executor.launch import Job, launch
+    from partita.planner.scenario import find_scenario_file, load_scenario
 
     path = find_scenario_file(args.file)
     scenario = load_scenario(path)
@@ -109,13 +109,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _plan(scenario, gpus: int):
-    from executor.plan import execution_plan
+    from partita.executor.plan import execution_plan
     return execution_plan(scenario, gpus)
 
 
 def placement(scenario, args: argparse.Namespace):
     """(processes in all, processes on this machine, rendezvous) for the scenario's cluster."""
-    from executor.launch import Rendezvous
+    from partita.executor.launch import Rendezvous
     c, where = scenario.cluster, f"{scenario.origin}: " if scenario.origin else ""
     local = c.system.lower() == "local"
     if local and args.nnodes is None:
@@ -152,7 +152,7 @@ def _check_backend(backend: str, nproc: int) -> None:
 
 
 def _check_files(args: argparse.Namespace, plan) -> None:
-    from executor.data import DataSpec, check_token_file
+    from partita.executor.data import DataSpec, check_token_file
     if args.data:
         check_token_file(DataSpec(plan.arch, plan.seq_len, plan.vocab, args.seed, args.data))
     if args.save_weights and not Path(args.save_weights).resolve().parent.is_dir():
@@ -167,7 +167,7 @@ def _check_checkpoints(args: argparse.Namespace, scenario) -> None:
             if given:
                 raise PartitaError(f"{flag} needs --checkpoint-dir DIR")
         return
-    from executor.checkpoint import latest_checkpoint, plan_fingerprint
+    from partita.executor.checkpoint import latest_checkpoint, plan_fingerprint
     where = Path(args.checkpoint_dir)
     if where.exists() and not where.is_dir():
         raise PartitaError(f"--checkpoint-dir {where}: exists and is not a directory")
@@ -182,7 +182,7 @@ def _check_checkpoints(args: argparse.Namespace, scenario) -> None:
 
 def predict(scenario, args: argparse.Namespace) -> tuple[float | None, str | None]:
     """The simulator's step time, or (None, why) when this machine has no calibration."""
-    from simulator.step import simulate
+    from partita.simulator.step import simulate
     catalog = catalog_from_args(args)
     if scenario.cluster.system.lower() != "local":
         return simulate(scenario, catalog).step_time_s, None

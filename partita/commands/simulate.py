@@ -6,7 +6,7 @@ import json
 import sys
 
 from partita.commands import add_catalog_option, catalog_from_args
-from planner.errors import PartitaError
+from partita.planner.errors import PartitaError
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,8 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from planner.scenario import load_scenario
-    from simulator.step import simulate
+    from partita.planner.scenario import load_scenario
+    from partita.simulator.step import simulate
 
     if args.trace and len(args.files) > 1:
         raise PartitaError("--trace takes one scenario file, got "
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
                 print(f"error: {exc}", file=sys.stderr)
             continue
         if args.trace:
-            from simulator.trace import write_trace
+            from partita.simulator.trace import write_trace
             write_trace(result.spans, args.trace, metadata={"scenario": scenario.name or str(path)})
         if args.json:
             out = result.to_json()

@@ -46,7 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
-    from simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
+    from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
 
     rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
     csv, split_file = args.csv, args.split
@@ -79,7 +79,7 @@ def format_report(report, verbose: bool = False) -> str:
 
 
 def _table(report, verbose: bool) -> list[str]:
-    from simulator.validation import plan_text
+    from partita.simulator.validation import plan_text
     head = (f"{'id':<11} {'model':<{MODEL_WIDTH}} {'GPUs':>5} {'system':<14} {'plan':<36} "
             f"{'measured s':>10} {'predicted s':>11} {'error %':>8} {'group':<7} assumptions")
     out = [head, "-" * len(head)]
@@ -125,7 +125,7 @@ def _summary_lines(report) -> list[str]:
 
 
 def _skipped_lines(report, verbose: bool) -> list[str]:
-    from simulator.rowcells import SKIP_KINDS
+    from partita.simulator.rowcells import SKIP_KINDS
     if not report.skipped:
         return ["Skipped: none"]
     out = [f"Skipped ({len(report.skipped)} rows{'' if verbose else '; --verbose gives each reason'}):"]

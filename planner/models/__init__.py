@@ -15,13 +15,13 @@ import importlib
 import torch
 from torch import nn
 
-from planner.errors import PartitaError
-from planner.modelspec import ModelSpec, TransformerDims
-from planner.models.bert import Bert
-from planner.models.common import PipelineLM, init_value
-from planner.models.gpt import GPT
-from planner.models.llama import Llama
-from planner.models.t5 import T5
+from partita.planner.errors import PartitaError
+from partita.planner.modelspec import ModelSpec, TransformerDims
+from partita.planner.models.bert import Bert
+from partita.planner.models.common import PipelineLM, init_value
+from partita.planner.models.gpt import GPT
+from partita.planner.models.llama import Llama
+from partita.planner.models.t5 import T5
 
 __all__ = ["PipelineLM", "build_model", "build_from_spec", "layer_chain", "init_value"]
 

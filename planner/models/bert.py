@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.modelspec import TransformerDims
-from planner.models.common import MLP, Attention, PipelineLM
+from partita.planner.modelspec import TransformerDims
+from partita.planner.models.common import MLP, Attention, PipelineLM
 
 LN_EPS = 1e-12    # BertConfig.layer_norm_eps
 MASK_FRACTION = 0.15   # Devlin et al. 2019, Sec. 3.1

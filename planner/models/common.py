@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.modelspec import TransformerDims
+from partita.planner.modelspec import TransformerDims
 
 INIT_STD = 0.02      # GPT-2 / BERT / Llama `initializer_range`
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.modelspec import TransformerDims
-from planner.models.common import MLP, Attention, PipelineLM
+from partita.planner.modelspec import TransformerDims
+from partita.planner.models.common import MLP, Attention, PipelineLM
 
 LN_EPS = 1e-5     # GPT2Config.layer_norm_epsilon
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from planner.modelspec import TransformerDims
-from planner.models.common import Attention, GatedMLP, PipelineLM, RMSNorm, rope_tables
+from partita.planner.modelspec import TransformerDims
+from partita.planner.models.common import Attention, GatedMLP, PipelineLM, RMSNorm, rope_tables
 
 RMS_EPS = 1e-5    # Llama 2 configs' rms_norm_eps
 

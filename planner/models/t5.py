@@ -20,8 +20,8 @@ import math
 import torch
 from torch import nn
 
-from planner.modelspec import TransformerDims
-from planner.models.common import MLP, Attention, PipelineLM, RMSNorm, t5_scale
+from partita.planner.modelspec import TransformerDims
+from partita.planner.models.common import MLP, Attention, PipelineLM, RMSNorm, t5_scale
 
 LN_EPS = 1e-6           # T5Config.layer_norm_epsilon
 NUM_BUCKETS = 32        # T5Config.relative_attention_num_buckets

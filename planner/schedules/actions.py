@@ -19,7 +19,7 @@ import re
 from enum import Enum
 from typing import NamedTuple
 
-from planner.errors import PartitaError
+from partita.planner.errors import PartitaError
 
 
 class ComputationType(str, Enum):

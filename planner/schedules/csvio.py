@@ -12,8 +12,8 @@ import csv
 import io
 from pathlib import Path
 
-from planner.errors import PartitaError
-from planner.schedules.actions import Action, Schedule
+from partita.planner.errors import PartitaError
+from partita.planner.schedules.actions import Action, Schedule
 
 
 def format_csv(schedule: Schedule) -> str:

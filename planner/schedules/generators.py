@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from planner.errors import PartitaError, unknown_name
-from planner.schedules.actions import B, F, I, W, Action, Schedule
+from partita.planner.errors import PartitaError, unknown_name
+from partita.planner.schedules.actions import B, F, I, W, Action, Schedule
 
 NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
 

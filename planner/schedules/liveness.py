@@ -8,7 +8,7 @@ The memory model multiplies these by the activation bytes of one micro-batch of 
 """
 from __future__ import annotations
 
-from planner.schedules.actions import B, F, W, Schedule
+from partita.planner.schedules.actions import B, F, W, Schedule
 
 
 def peak_inflight(schedule: Schedule) -> dict[int, int]:

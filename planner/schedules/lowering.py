@@ -10,8 +10,8 @@ point-to-point calls cannot hang.
 """
 from __future__ import annotations
 
-from planner.errors import PartitaError
-from planner.schedules.actions import (COMPUTE_KINDS, RECV_B, RECV_F, SEND_B, SEND_F, B, F, I,
+from partita.planner.errors import PartitaError
+from partita.planner.schedules.actions import (COMPUTE_KINDS, RECV_B, RECV_F, SEND_B, SEND_F, B, F, I,
                                        Action, Schedule, format_actions, stage_rank)
 
 

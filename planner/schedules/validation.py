@@ -16,8 +16,8 @@ bubbles, i.e. the CSV column) and show the rank's list around it:
 """
 from __future__ import annotations
 
-from planner.errors import PartitaError
-from planner.schedules.actions import (COMPUTE_KINDS, B, F, I, W, Action, Schedule,
+from partita.planner.errors import PartitaError
+from partita.planner.schedules.actions import (COMPUTE_KINDS, B, F, I, W, Action, Schedule,
                                        format_actions, stage_rank)
 
 _KIND_BIT = {F: 1, B: 2, I: 4, W: 8}
