@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from partita.planner.costmodel import model_flops_per_step
 from partita.planner.schedule import build
+from partita.planner.stages import chunk_ranges
 from partita.simulator.calibration import load_calibration
 from partita.simulator.context import StepContext, resolve
 from partita.simulator.dataparallel import dp_finish_times, optimizer_time
@@ -74,7 +75,10 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
                            critical_p2p)
     breakdown["step_overhead"] = overhead_s
     spans = _spans(timeline, dp_spans, opt_s, dp_end, p.pipeline) if trace else ()
-    return _result(ctx, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
+    result = _result(ctx, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
+    result.details.update(stage_details(ctx, mem))
+    result.details["chunk_parts_s"] = [dict(c.parts) for c in chunks]   # per micro-batch, fwd+bwd
+    return result
 
 
 @lru_cache(maxsize=64)
@@ -123,6 +127,22 @@ def _spans(timeline, dp_spans, opt_s: float, dp_end, pipeline: int) -> tuple[Spa
     for r in range(pipeline):
         spans.append(Span(r, "optimizer", "optimizer", step_end, step_end + opt_s, "optimizer"))
     return tuple(spans)
+
+
+def stage_details(ctx: StepContext, mem) -> dict:
+    """Per pipeline rank: the [start, stop) block ranges of its chunks and its memory by kind
+    (`buffers`: logits, ZeRO-3 gathered layers; `reserve`: the allocator's and framework's share)."""
+    p = ctx.parallel
+    blocks = ctx.dims.total_layers if ctx.dims is not None else len(ctx.profile.layers)
+    ranges = chunk_ranges(blocks, p)
+    layers = [[list(ranges[c]) for c in range(r, len(ranges), p.pipeline)] for r in range(p.pipeline)]
+    memory = []
+    for m in mem:
+        reserve = m.details.get("framework_reserve", 0.0)
+        memory.append({"parameters": int(m.parameters), "gradients": int(m.gradients),
+                       "optimizer": int(m.optimizer), "activations": int(m.activations),
+                       "buffers": int(m.other - reserve), "reserve": int(reserve)})
+    return {"stage_layers": layers, "stage_memory_bytes": memory}
 
 
 def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak_rank) -> SimResult:

@@ -58,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
 def format_summary(scenario, r, path: str) -> str:
     p = scenario.parallel
     lines = [
-        f"{scenario.name or path}: {r.gpus} x {r.system}  "
+        f"{scenario.name or path}: {r.gpus} GPUs on {r.details.get('nodes', 1)} x {r.system}  "
         f"TP {p.tensor} x PP {p.pipeline} x CP {p.context} x DP {p.data}, {p.schedule}"
         + (f" (v={p.virtual_stages})" if p.virtual_stages > 1 else "")
         + (f", ZeRO-{p.zero}" if p.zero else ""),
@@ -78,4 +78,31 @@ def format_summary(scenario, r, path: str) -> str:
         lines.append(f"    {key:<14} {value:10.4f} s  {100 * value / total:5.1f}%")
     lines.append("  memory per GPU (GiB): " + ", ".join(
         f"{k} {v / 2**30:.2f}" for k, v in r.memory_breakdown_bytes.items()))
+    lines += stage_lines(r)
     return "\n".join(lines)
+
+
+STAGE_KEYS = ("parameters", "gradients", "optimizer", "activations", "buffers", "reserve")
+STAGE_LABELS = ("params", "grads", "optim", "activ", "buffers", "reserve")
+
+
+def layer_text(chunks: list[list[int]]) -> str:
+    """'0-3, 16-19' for the [start, stop) block ranges of one pipeline rank's chunks."""
+    return ", ".join(f"{a}-{b - 1}" if b - a > 1 else (f"{a}" if b > a else "none")
+                     for a, b in chunks)
+
+
+def stage_lines(r) -> list[str]:
+    """Which transformer blocks sit on which pipeline stage, and that stage's memory (GiB)."""
+    layers, memory = r.details.get("stage_layers"), r.details.get("stage_memory_bytes")
+    if not layers or not memory:
+        return []
+    width = max(6, max(len(layer_text(c)) for c in layers))
+    head = "  ".join(f"{k:>7}" for k in STAGE_LABELS)
+    out = [f"  per stage (blocks; memory per GPU in GiB, of {r.memory_capacity_bytes / 2**30:.1f}):",
+           f"    {'stage':>5}  {'blocks':<{width}}  {head}  {'total':>7}"]
+    for rank, (chunks, mem) in enumerate(zip(layers, memory)):
+        cells = "  ".join(f"{mem[k] / 2**30:7.2f}" for k in STAGE_KEYS)
+        total = sum(mem[k] for k in STAGE_KEYS) / 2**30
+        out.append(f"    {rank:>5}  {layer_text(chunks):<{width}}  {cells}  {total:7.2f}")
+    return out

@@ -1,0 +1,152 @@
+"""`partita report KIND ... -o DIR`: a self-contained HTML page with its Markdown, PNG and CSV files.
+
+    partita report scaling gpt2-xl-p3 --nodes 1-16 --grad-reduce ring,parameter-server -o out/
+    partita report timeline llama2-70b-h100 -o out/
+    partita report memory gpt3-175b-a100 -o out/
+    partita report validate -o out/
+    partita report run partita-run/tiny-gpt-pp2 -o out/
+    partita report compare llama2-70b-h100 --systems p4d.24xlarge,p5.48xlarge -o out/
+
+Progress of long reports goes to stderr; the written page's path to stdout.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from partita.commands import add_catalog_option, catalog_from_args
+from partita.planner.errors import PartitaError
+
+KINDS = ("compare", "scaling", "timeline", "memory", "validate", "run")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("report", help="reports as HTML + Markdown + PNG + CSV",
+                       description=__doc__.splitlines()[0])
+    kinds = p.add_subparsers(dest="kind", metavar="KIND")
+    kinds.required = True
+
+    s = _kind(kinds, "scaling", "throughput and scaling efficiency vs nodes, per gradient reduction")
+    s.add_argument("file", metavar="FILE", help="scenario (with a parallel section) or shipped example")
+    s.add_argument("--nodes", default="1-64", help="A-B (powers of two between) or a list (default 1-64)")
+    s.add_argument("--grad-reduce", default="ring,parameter-server",
+                   help="comma-separated reductions (ring, tree, hierarchical, parameter-server, auto)")
+    s.add_argument("--fixed-batch", action="store_true",
+                   help="keep the global batch (strong scaling); default keeps the batch per replica")
+    s.set_defaults(func=_scaling)
+
+    t = _kind(kinds, "timeline", "the simulated step as a Gantt chart per pipeline rank")
+    t.add_argument("file", metavar="FILE")
+    t.set_defaults(func=_timeline)
+
+    m = _kind(kinds, "memory", "per-stage memory against usable capacity")
+    m.add_argument("file", metavar="FILE")
+    m.set_defaults(func=_memory)
+
+    v = _kind(kinds, "validate", "predicted vs published step times")
+    v.add_argument("csv", nargs="?", metavar="CSV", help="default data/validation/published_dev.csv")
+    v.set_defaults(func=_validate)
+
+    r = _kind(kinds, "run", "a measured run (partita run --out DIR) against its prediction")
+    r.add_argument("run_dir", metavar="RUN_DIR")
+    r.add_argument("--scenario", metavar="FILE",
+                   help="the scenario that was run (default: the one result.json names)")
+    r.set_defaults(func=_run)
+
+    c = _kind(kinds, "compare", "instance comparison in time and dollars (needs the planner)")
+    c.add_argument("file", metavar="FILE")
+    c.add_argument("--systems", required=True, help="comma-separated catalog systems")
+    c.add_argument("--gpus", help="GPU counts, A-B or a list")
+    c.add_argument("--nodes", help="node counts, A-B or a list")
+    c.add_argument("--tokens", type=float, help="token budget for days and dollars")
+    c.add_argument("--objective", default="time", choices=("time", "cost", "memory"))
+    c.add_argument("--deadline-days", type=float, help="the deadline the recommendation respects")
+    c.set_defaults(func=_compare)
+
+
+def _kind(kinds, name: str, help_text: str) -> argparse.ArgumentParser:
+    p = kinds.add_parser(name, help=help_text, description=help_text)
+    p.add_argument("-o", "--out", metavar="DIR", default=None,
+                   help=f"output directory (default ./partita-report/{name})")
+    add_catalog_option(p)
+    return p
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _out(args: argparse.Namespace) -> Path:
+    return Path(args.out) if args.out else Path("partita-report") / args.kind
+
+
+def _finish(report, args: argparse.Namespace) -> int:
+    from partita.reports.html import write_report
+    out = _out(args)
+    written = write_report(report, out)
+    print(next(p for p in written if p.suffix == ".html"))
+    return 0
+
+
+def _load(file: str):
+    from partita.planner.scenario import load_scenario
+    return load_scenario(file)
+
+
+def _scaling(args: argparse.Namespace) -> int:
+    from partita.reports.scaling import parse_nodes, scaling_report, sweep
+    from partita.planner.scenario import GRAD_REDUCE
+    nodes = parse_nodes(args.nodes)
+    reductions = tuple(g.strip() for g in args.grad_reduce.split(",") if g.strip())
+    for g in reductions:
+        if g not in GRAD_REDUCE:
+            raise PartitaError(f"--grad-reduce {g!r}: not one of {', '.join(GRAD_REDUCE)}")
+    if not reductions:
+        raise PartitaError(f"--grad-reduce is empty; give one or more of {', '.join(GRAD_REDUCE)}")
+    scenario, catalog = _load(args.file), catalog_from_args(args)
+    points = sweep(scenario, catalog, nodes, reductions, fixed_batch=args.fixed_batch,
+                   progress=_progress)
+    return _finish(scaling_report(scenario, points, system=scenario.cluster.system,
+                                  fixed_batch=args.fixed_batch), args)
+
+
+def _timeline(args: argparse.Namespace) -> int:
+    from partita.reports.timeline import timeline_report
+    from partita.simulator.step import simulate
+    scenario = _load(args.file)
+    result = simulate(scenario, catalog_from_args(args), trace=True)
+    return _finish(timeline_report(scenario, result), args)
+
+
+def _memory(args: argparse.Namespace) -> int:
+    from partita.reports.memory import memory_report
+    from partita.simulator.step import simulate
+    scenario = _load(args.file)
+    return _finish(memory_report(scenario, simulate(scenario, catalog_from_args(args))), args)
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from partita.reports.validation import validation_report
+    from partita.simulator.validation import run_validation
+    _progress("validate: simulating every published row ...")
+    report = run_validation(args.csv, catalog=catalog_from_args(args))
+    return _finish(validation_report(report, progress=_progress), args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from partita.reports.run import load_run, run_report
+    run = load_run(args.run_dir)
+    return _finish(run_report(run, scenario_file=args.scenario, catalog=catalog_from_args(args)),
+                   args)
+
+
+def _compare(args: argparse.Namespace) -> int:
+    try:
+        from partita.planner import search  # noqa: F401
+    except ImportError:
+        raise PartitaError("report compare needs the planner's search (partita.planner.search), "
+                           "which this installation lacks; the renderer is "
+                           "partita.reports.compare.compare_report(candidates)") from None
+    raise PartitaError("report compare: the planner's search is present but not wired to the "
+                       "report yet; call partita.reports.compare.compare_report(candidates)")
