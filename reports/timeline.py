@@ -70,8 +70,10 @@ def bubbles(spans: Sequence, rank: int) -> list[tuple[float, float]]:
 
 
 def gantt(ax, spans: Sequence, *, ranks: Sequence[int], end_s: float,
-          chunk_parts: Sequence[dict[str, float]] | None = None, label_prefix: str = "rank") -> None:
-    """Draw `spans` of `ranks` on `ax`: three rows per rank, time in a unit fit for `end_s`."""
+          chunk_parts: Sequence[dict[str, float]] | None = None,
+          label_prefix: str = "rank") -> set[str]:
+    """Draw `spans` of `ranks` on `ax`: three rows per rank, time in a unit fit for `end_s`.
+    Returns the kinds drawn, for `add_legend`."""
     scale, unit = time_unit(end_s)
     rows_per = len(ROWS)
     used: set[str] = set()
@@ -116,6 +118,11 @@ def gantt(ax, spans: Sequence, *, ranks: Sequence[int], end_s: float,
     ax.set_xlabel(f"time since step start ({unit})")
     ax.set_ylabel("pipeline rank / lane")
     ax.grid(True, axis="x", alpha=0.3)
+    return used
+
+
+def add_legend(fig, used: set[str]) -> None:
+    """One legend below the figure for the kinds of work drawn."""
     order = [k for k in ("forward", "backward", "backward-input", "backward-weight",
                          "in-layer comm", "send/recv", "dp", "optimizer", "bubble") if k in used]
     names = {"in-layer comm": "TP/CP/ZeRO-3 collectives (in-layer)", "dp": "DP gradient reduction",
@@ -123,7 +130,7 @@ def gantt(ax, spans: Sequence, *, ranks: Sequence[int], end_s: float,
              "backward-weight": "weight gradient", "backward-input": "backward (input)"}
     handles = [Patch(facecolor=KIND_COLOURS[k], edgecolor="#999999" if k == "bubble" else None,
                      hatch="//" if k == "bubble" else None, label=names.get(k, k)) for k in order]
-    ax.figure.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)),
+    fig.legend(handles=handles, loc="outside lower center", ncol=min(5, len(handles)),
                      fontsize=8, frameon=False)
 
 
@@ -160,7 +167,8 @@ def timeline_report(scenario, result) -> Report:
     p = scenario.parallel
     fig = new_figure(11.0, max(3.2, 0.34 * 4 * len(ranks) + 1.8))
     ax = fig.add_subplot()
-    gantt(ax, spans, ranks=ranks, end_s=end, chunk_parts=result.details.get("chunk_parts_s"))
+    add_legend(fig, gantt(ax, spans, ranks=ranks, end_s=end,
+                          chunk_parts=result.details.get("chunk_parts_s")))
     name = scenario.name or scenario.origin
     ax.set_title(f"{name}: one simulated step, {p.schedule}, {p.pipeline} stage(s), "
                  f"{result.details.get('microbatches', '?')} micro-batches")
