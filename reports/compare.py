@@ -1,0 +1,207 @@
+"""Compare report: systems and sizes in time and dollars, from the planner's candidates table.
+
+Input is the planner's table, one row per candidate plan (columns `CANDIDATE_COLUMNS`: the plan,
+its predicted step time, tokens/s, MFU, peak memory against capacity, whether it fits, $/hour
+on-demand and spot, days and dollars for the token budget, whether it is on the time-cost Pareto
+front, and `error`, the reason a candidate could not be simulated). For each system and size the
+report picks the best fitting plan by the objective (time: step time; cost: dollars; memory: peak
+memory), computes its scaling efficiency against the system's smallest size (tokens/s per GPU over
+that of the smallest), draws scaling efficiency and time against cost with the Pareto front, and
+derives a recommendation from the numbers: cheapest, fastest, and cheapest within a deadline.
+Candidates that failed or do not fit are listed with their reason, never dropped silently.
+"""
+from __future__ import annotations
+
+import pandas as pd
+from matplotlib.ticker import FuncFormatter
+
+from partita.planner.errors import PartitaError
+from partita.reports.figures import SERIES, new_figure, png_bytes
+from partita.reports.html import FigureItem, Report, Section, TableItem
+
+CANDIDATE_COLUMNS = ("system", "nodes", "gpus", "tensor", "pipeline", "context", "data",
+                     "micro_batch", "schedule", "virtual_stages", "recompute", "zero",
+                     "grad_reduce", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib",
+                     "memory_capacity_gib", "fits", "usd_per_hour", "usd_per_hour_spot", "days",
+                     "usd", "usd_spot", "pareto", "error")
+OBJECTIVES = {"time": "step_time_s", "cost": "usd", "memory": "peak_memory_gib"}
+FORMATS = {"step_time_s": ".4f", "tokens_per_s": ".1f", "mfu": ".3f", "scaling_efficiency": ".3f",
+           "usd_per_hour": ",.2f", "usd_per_hour_spot": ",.2f", "days": ".2f", "usd": ",.0f",
+           "usd_spot": ",.0f", "peak_memory_gib": ".2f", "memory_capacity_gib": ".1f"}
+
+
+def check_candidates(frame: pd.DataFrame) -> None:
+    missing = [c for c in CANDIDATE_COLUMNS if c not in frame.columns]
+    if missing:
+        raise PartitaError(f"candidates table lacks column(s) {', '.join(missing)}; expected "
+                           f"{', '.join(CANDIDATE_COLUMNS)}")
+
+
+def plan_text(row) -> str:
+    """'TP 8 x PP 4 x CP 1 x DP 2, interleaved-1f1b (v=5), mb 1, selective, ZeRO-1, ring'."""
+    text = (f"TP {row['tensor']} x PP {row['pipeline']} x CP {row['context']} x DP {row['data']}, "
+            f"{row['schedule']}")
+    if int(row["virtual_stages"]) > 1:
+        text += f" (v={row['virtual_stages']})"
+    text += f", mb {row['micro_batch']}, recompute {row['recompute']}"
+    if int(row["zero"]):
+        text += f", ZeRO-{row['zero']}"
+    return text + f", {row['grad_reduce']}"
+
+
+def _usable(frame: pd.DataFrame) -> pd.DataFrame:
+    err = frame["error"].fillna("").astype(str)
+    return frame[(err == "") & frame["fits"].astype(bool) & frame["step_time_s"].notna()]
+
+
+def best_plans(frame: pd.DataFrame, objective: str = "time") -> pd.DataFrame:
+    """Per (system, gpus): the best usable candidate by the objective, with scaling efficiency."""
+    check_candidates(frame)
+    if objective not in OBJECTIVES:
+        raise PartitaError(f"objective {objective!r}: not one of {', '.join(OBJECTIVES)}")
+    key = OBJECTIVES[objective]
+    ok = _usable(frame)
+    rows = []
+    for (system, gpus), part in ok.groupby(["system", "gpus"], sort=True):
+        best = part.sort_values([key, "step_time_s", "usd"], kind="mergesort").iloc[0]
+        rows.append(best)
+    if not rows:
+        return pd.DataFrame(columns=["system", "nodes", "gpus", "plan", "scaling_efficiency"])
+    best = pd.DataFrame(rows).reset_index(drop=True)
+    best.insert(3, "plan", [plan_text(r) for _, r in best.iterrows()])
+    eff = []
+    for _, r in best.iterrows():
+        first = best[best["system"] == r["system"]].sort_values("gpus").iloc[0]
+        per_gpu0 = first["tokens_per_s"] / first["gpus"]
+        eff.append(r["tokens_per_s"] / r["gpus"] / per_gpu0)
+    best["scaling_efficiency"] = eff
+    cols = ["system", "nodes", "gpus", "plan", "step_time_s", "tokens_per_s", "mfu",
+            "scaling_efficiency", "peak_memory_gib", "memory_capacity_gib", "usd_per_hour",
+            "usd_per_hour_spot", "days", "usd", "usd_spot", "pareto"]
+    return best[cols]
+
+
+def recommendation(best: pd.DataFrame, deadline_days: float | None = None) -> list[str]:
+    """Cheapest, fastest and cheapest within the deadline, each with its numbers."""
+    priced = best[best["usd"].notna() & best["days"].notna()]
+    if priced.empty:
+        return ["No fitting candidate has a price and a duration; nothing to recommend."]
+    def line(label: str, r) -> str:
+        spot = (f", ${r['usd_spot']:,.0f} on spot" if pd.notna(r["usd_spot"]) else "")
+        return (f"{label}: {r['gpus']} GPUs on {r['nodes']} x {r['system']} ({r['plan']}): "
+                f"{r['days']:.2f} days, ${r['usd']:,.0f} on demand{spot}, "
+                f"{r['tokens_per_s']:,.0f} tokens/s.")
+    cheapest = priced.sort_values(["usd", "days"]).iloc[0]
+    fastest = priced.sort_values(["days", "usd"]).iloc[0]
+    out = [line("Cheapest", cheapest), line("Fastest", fastest)]
+    if fastest["usd"] > cheapest["usd"]:
+        out.append(f"Fastest costs {fastest['usd'] / cheapest['usd']:.2f}x the cheapest for "
+                   f"{cheapest['days'] / fastest['days']:.2f}x less time.")
+    if deadline_days is not None:
+        within = priced[priced["days"] <= deadline_days]
+        if within.empty:
+            out.append(f"No fitting plan finishes within {deadline_days:g} days; the fastest "
+                       f"needs {fastest['days']:.2f}.")
+        else:
+            out.append(line(f"Cheapest within {deadline_days:g} days",
+                            within.sort_values(["usd", "days"]).iloc[0]))
+    return out
+
+
+def problems_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """Candidates not usable: simulator errors and plans that do not fit, with the reason."""
+    err = frame["error"].fillna("").astype(str)
+    rows = []
+    for (_, r), e in zip(frame.iterrows(), err):
+        if e:
+            reason = e
+        elif not bool(r["fits"]):
+            reason = (f"does not fit: {r['peak_memory_gib']:.1f} GiB of "
+                      f"{r['memory_capacity_gib']:.1f} GiB")
+        else:
+            continue
+        rows.append({"system": r["system"], "gpus": r["gpus"], "plan": plan_text(r),
+                     "reason": reason})
+    return pd.DataFrame(rows, columns=["system", "gpus", "plan", "reason"])
+
+
+def _dollars(value: float, _pos=None) -> str:
+    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= div:
+            return f"${value / div:g}{unit}"
+    return f"${value:g}"
+
+
+def _efficiency_figure(best: pd.DataFrame) -> bytes:
+    fig = new_figure(6.4, 4.2)
+    ax = fig.add_subplot()
+    for i, (system, part) in enumerate(best.groupby("system", sort=True)):
+        part = part.sort_values("gpus")
+        ax.plot(part["gpus"], part["scaling_efficiency"], marker="o", color=SERIES[i % len(SERIES)],
+                label=system)
+    ax.axhline(1.0, color="black", ls="--", lw=1, label="linear scaling")
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted(best["gpus"].unique()))
+    ax.get_xaxis().set_major_formatter("{x:.0f}")
+    ax.set_xlabel("GPUs (count)")
+    ax.set_ylabel("scaling efficiency (per-GPU tokens/s vs smallest size)")
+    ax.set_title("Scaling efficiency of the best plan per size")
+    ax.grid(True, alpha=0.3)
+    ax.legend(title="system")
+    return png_bytes(fig)
+
+
+def _cost_figure(frame: pd.DataFrame, best: pd.DataFrame) -> bytes:
+    fig = new_figure(6.8, 4.4)
+    ax = fig.add_subplot()
+    ok = _usable(frame)
+    ok = ok[ok["usd"].notna() & ok["days"].notna()]
+    ax.scatter(ok["days"], ok["usd"], s=10, color="#CCCCCC", label="every fitting candidate")
+    for i, (system, part) in enumerate(best.groupby("system", sort=True)):
+        ax.scatter(part["days"], part["usd"], s=36, color=SERIES[i % len(SERIES)],
+                   label=f"{system} (best per size)", zorder=3)
+        for _, r in part.iterrows():
+            ax.annotate(f"{r['gpus']}", (r["days"], r["usd"]), textcoords="offset points",
+                        xytext=(4, 3), fontsize=7)
+    front = ok[ok["pareto"].astype(bool)].sort_values("days")
+    if len(front):
+        ax.step(front["days"], front["usd"], where="post", color="black", lw=1.2,
+                label="Pareto front (time, cost)", zorder=2)
+        ax.scatter(front["days"], front["usd"], s=70, facecolor="none", edgecolor="black",
+                   zorder=4)
+    ax.yaxis.set_major_formatter(FuncFormatter(_dollars))
+    ax.set_xlabel("time to train the token budget (days)")
+    ax.set_ylabel("cost on demand (USD)")
+    ax.set_title("Time vs cost (labels: GPUs)")
+    ax.grid(True, which="both", alpha=0.2)
+    ax.legend(fontsize=8)
+    return png_bytes(fig)
+
+
+def compare_report(candidates: pd.DataFrame, *, title: str = "Instance comparison",
+                   objective: str = "time", tokens: float | None = None,
+                   deadline_days: float | None = None) -> Report:
+    best = best_plans(candidates, objective)
+    problems = problems_table(candidates)
+    budget = f" for {tokens:,.0f} tokens" if tokens else ""
+    text = [f"Best plan per system and size by {objective}; days and dollars{budget}. "
+            f"{len(candidates)} candidates, {len(_usable(candidates))} fitting, "
+            f"{len(problems)} not usable (listed below)."]
+    sections = [Section(heading="Recommendation", text=tuple(
+        recommendation(best, deadline_days)) if len(best) else ("No usable candidate.",))]
+    if len(best):
+        sections.append(Section(heading="Scaling and cost", text=tuple(text), figures=(
+            FigureItem(name="compare_efficiency", title="Scaling efficiency",
+                       png=_efficiency_figure(best)),
+            FigureItem(name="compare_cost", title="Time vs cost",
+                       png=_cost_figure(candidates, best))), side_by_side=True))
+    sections.append(Section(heading="Best plan per system and size", tables=(TableItem(
+        name="compare", title="Best plans", frame=best, formats=FORMATS),)))
+    sections.append(Section(heading="Every candidate", tables=(
+        TableItem(name="candidates", title="Planner candidates", frame=candidates,
+                  formats=FORMATS),
+        TableItem(name="not_usable", title="Candidates not usable, with the reason",
+                  frame=problems))))
+    return Report(kind="compare", title=title, subtitle=f"objective: {objective}{budget}",
+                  sections=tuple(sections))
+
