@@ -19,7 +19,8 @@ import sys
 from partita import __version__
 from partita.planner.errors import PartitaError
 
-COMMANDS = ("catalog", "profile", "simulate", "validate", "plan", "run", "calibrate", "report")
+COMMANDS = ("catalog", "profile", "simulate", "validate", "plan", "run", "calibrate", "report",
+            "check")
 
 
 def build_parser() -> argparse.ArgumentParser:
