@@ -187,6 +187,11 @@ def compare_report(candidates: pd.DataFrame, *, title: str = "Instance compariso
     text = [f"Best plan per system and size by {objective}; days and dollars{budget}. "
             f"{len(candidates)} candidates, {len(_usable(candidates))} fitting, "
             f"{len(problems)} not usable (listed below)."]
+    front = best[best["pareto"].astype(bool)].sort_values("days")
+    if len(front):
+        text.append("On the time-cost Pareto front (no other plan both faster and cheaper): " +
+                    "; ".join(f"{r['gpus']} x {r['system']} ({r['days']:.2f} days, "
+                              f"${r['usd']:,.0f})" for _, r in front.iterrows()) + ".")
     sections = [Section(heading="Recommendation", text=tuple(
         recommendation(best, deadline_days)) if len(best) else ("No usable candidate.",))]
     if len(best):

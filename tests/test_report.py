@@ -1,0 +1,154 @@
+"""`partita report scaling|timeline|memory|validate`: rendered from shipped examples, every figure a
+real PNG, the page self-contained, and every number equal to what `partita simulate` / `partita
+validate` print for the same input."""
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+
+import matplotlib.image as mpimg
+import pandas as pd
+import pytest
+import yaml
+
+from partita.cli import main
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def check_png(data: bytes) -> None:
+    """A decodable PNG that is not blank (some pixel differs from the first)."""
+    assert data.startswith(PNG_MAGIC) and len(data) > 5000
+    pixels = mpimg.imread(io.BytesIO(data), format="png")
+    assert pixels.shape[0] > 200 and pixels.shape[1] > 300
+    assert (pixels != pixels[0, 0]).any()
+
+
+def check_page(out, kind: str) -> str:
+    """HTML with every PNG beside it embedded, nothing fetched from elsewhere; Markdown links them."""
+    page = (out / f"{kind}.html").read_text()
+    md = (out / f"{kind}.md").read_text()
+    pngs = sorted(out.glob("*.png"))
+    assert pngs
+    embedded = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(embedded) == len(pngs)
+    for png in pngs:
+        data = png.read_bytes()
+        check_png(data)
+        assert base64.b64encode(data).decode() in embedded
+        assert f"]({png.name})" in md
+    assert not re.search(r'(src|href)="(?!data:)', page), "the page must not load other files"
+    for csv in out.glob("*.csv"):
+        assert f"{csv.name}" in page and f"({csv.name})" in md
+    return page
+
+
+def simulate_json(capsys, path) -> dict:
+    capsys.readouterr()
+    assert main(["simulate", str(path), "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def report(capsys, *argv) -> None:
+    capsys.readouterr()
+    assert main(["report", *argv]) == 0, capsys.readouterr().err
+
+
+def test_scaling_numbers_are_simulates(capsys, tmp_path):
+    out = tmp_path / "scaling"
+    report(capsys, "scaling", "gpt2-xl-p3", "--nodes", "1,2", "--grad-reduce",
+           "ring,parameter-server", "-o", str(out))
+    err = capsys.readouterr().err
+    assert "scaling 4/4" in err                                   # progress on stderr
+    check_page(out, "scaling")
+    frame = pd.read_csv(out / "scaling.csv")
+    assert list(frame["grad_reduce"]) == ["ring", "ring", "parameter-server", "parameter-server"]
+    # The 2-node ring point, written as a scenario and simulated by the CLI, gives the same numbers.
+    doc = yaml.safe_load(open("data/scenarios/gpt2-xl-p3.yaml"))
+    doc["cluster"] = {"system": "p3.16xlarge", "nodes": 2}
+    doc["parallel"].update(data=4, grad_reduce="ring")
+    doc["training"]["global_batch"] = 128                         # batch per replica kept
+    (tmp_path / "p.yaml").write_text(yaml.safe_dump(doc))
+    sim = simulate_json(capsys, tmp_path / "p.yaml")
+    row = frame[(frame["grad_reduce"] == "ring") & (frame["nodes"] == 2)].iloc[0]
+    for key in ("step_time_s", "tokens_per_s", "mfu", "peak_memory_gib"):
+        assert row[key] == pytest.approx(sim[key], rel=1e-12)
+    one = frame[(frame["grad_reduce"] == "ring") & (frame["nodes"] == 1)].iloc[0]
+    assert row["scaling_efficiency"] == pytest.approx(sim["tokens_per_s"] / (2 * one["tokens_per_s"]))
+
+
+def test_scaling_lists_a_failed_point_and_goes_on(capsys, tmp_path):
+    out = tmp_path / "s"
+    # llama2-70b-h100 needs 32 GPUs per model copy: 1 and 2 DGX nodes cannot hold one.
+    report(capsys, "scaling", "llama2-70b-h100", "--nodes", "2,4", "--grad-reduce", "ring",
+           "-o", str(out))
+    frame = pd.read_csv(out / "scaling.csv", keep_default_na=False)
+    assert "model-parallel group" in frame.loc[frame["nodes"] == 2, "error"].iloc[0]
+    assert frame.loc[frame["nodes"] == 4, "error"].iloc[0] == ""
+    assert "Points not simulated" in (out / "scaling.html").read_text()
+
+
+def test_timeline_breakdown_is_simulates(capsys, tmp_path):
+    out = tmp_path / "t"
+    report(capsys, "timeline", "llama2-70b-h100", "-o", str(out))
+    page = check_page(out, "timeline")
+    sim = simulate_json(capsys, "llama2-70b-h100")
+    frame = pd.read_csv(out / "breakdown.csv")
+    assert dict(zip(frame["part"], frame["seconds"])) == pytest.approx(sim["breakdown_s"], rel=1e-12)
+    assert f"Step {sim['step_time_s']:.4f} s" in page
+    ranks = pd.read_csv(out / "ranks.csv")
+    assert list(ranks["rank"]) == [0, 1, 2, 3]                    # one rank per stage
+    assert (ranks["forward_s"] > 0).all() and (ranks["backward_s"] > 0).all()
+
+
+def test_memory_per_stage_is_simulates(capsys, tmp_path):
+    out = tmp_path / "m"
+    report(capsys, "memory", "gpt3-175b-a100", "-o", str(out))
+    check_page(out, "memory")
+    sim = simulate_json(capsys, "gpt3-175b-a100")
+    frame = pd.read_csv(out / "memory.csv")
+    assert len(frame) == len(sim["stage_memory_bytes"]) == 16
+    for row, stage in zip(frame.itertuples(), sim["stage_memory_bytes"]):
+        assert row.parameters_gib == pytest.approx(stage["parameters"] / 2**30)
+        assert row.reserve_gib == pytest.approx(stage["reserve"] / 2**30)
+        assert row.headroom_gib == pytest.approx(row.capacity_gib - row.total_gib)
+    assert frame["total_gib"].max() == pytest.approx(sim["peak_memory_gib"], rel=1e-9)
+    assert frame["capacity_gib"].iloc[0] == pytest.approx(sim["memory_capacity_gib"])
+
+
+def test_validate_summary_is_validates(capsys, tmp_path):
+    out = tmp_path / "v"
+    report(capsys, "validate", "-o", str(out))
+    check_page(out, "validate")
+    capsys.readouterr()
+    main(["validate", "--json"])
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    frame = pd.read_csv(out / "summary.csv").set_index("rows")
+    for label, group in (("fit", "fit"), ("held back", "holdout"), ("all", "all")):
+        assert frame.loc[label, "count"] == summary[group]["count"]
+        for key in ("median_abs_pct", "p90_abs_pct", "max_abs_pct"):
+            assert frame.loc[label, key] == pytest.approx(summary[group][key], rel=1e-12)
+    skipped = pd.read_csv(out / "skipped.csv")
+    assert len(skipped) >= 1 and skipped["reason"].str.len().min() > 0
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["scaling", "gpt2-xl-p3", "--nodes", "8-2"], "--nodes '8-2'"),
+    (["scaling", "gpt2-xl-p3", "--grad-reduce", "allgather"], "--grad-reduce 'allgather'"),
+    (["memory", "no-such-scenario"], "no-such-scenario"),
+])
+def test_bad_input_is_one_error_line(capsys, tmp_path, argv, message):
+    assert main(["report", *argv, "-o", str(tmp_path / "x")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and message in err[-1]
+    assert not (tmp_path / "x").exists()
+
+
+def test_output_path_that_is_a_file_is_refused(capsys, tmp_path):
+    target = tmp_path / "file"
+    target.write_text("mine")
+    assert main(["report", "memory", "gpt2-xl-p3", "-o", str(target)]) == 1
+    assert "not a directory" in capsys.readouterr().err
+    assert target.read_text() == "mine"

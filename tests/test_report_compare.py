@@ -1,0 +1,76 @@
+"""reports/compare.py on a hand-built planner candidates table (tests/report_candidates.py), and
+`partita report compare` refusing cleanly while the planner's search is not installed."""
+from __future__ import annotations
+
+import importlib.util
+
+import pandas as pd
+import pytest
+
+from partita.cli import main
+from partita.planner.errors import PartitaError
+from partita.reports.compare import best_plans, compare_report, problems_table, recommendation
+from partita.reports.html import write_report
+from report_candidates import SYSTEMS, TOKENS, candidates
+from test_report import check_page
+
+
+def test_best_plan_per_system_and_size():
+    best = best_plans(candidates())
+    assert list(zip(best["system"], best["gpus"])) == [
+        (s, g) for s in sorted(SYSTEMS) for g in (64, 128, 256)]
+    assert (best["plan"].str.contains("PP 4")).all()           # PP 8 is 7% slower everywhere
+    for system, (_, _, _, loss) in SYSTEMS.items():
+        eff = best[best["system"] == system]["scaling_efficiency"].tolist()
+        assert eff == pytest.approx([1.0, 1 - loss, (1 - loss) ** 2])
+
+
+def test_cost_objective_picks_the_cheapest_plan():
+    frame = candidates()
+    frame.loc[frame["pipeline"] == 8, "usd"] *= 0.5            # make PP 8 the cheaper plan
+    best = best_plans(frame, "cost")
+    assert best["plan"].str.contains("PP 8").all()
+
+
+def test_recommendation_from_the_numbers():
+    best = best_plans(candidates())
+    lines = recommendation(best, deadline_days=60)
+    cheapest = best.sort_values("usd").iloc[0]
+    fastest = best.sort_values("days").iloc[0]
+    assert lines[0].startswith(f"Cheapest: {cheapest['gpus']} GPUs on {cheapest['nodes']} x "
+                               f"{cheapest['system']}") and f"${cheapest['usd']:,.0f}" in lines[0]
+    assert lines[1].startswith(f"Fastest: {fastest['gpus']} GPUs") and f"{fastest['days']:.2f} days" in lines[1]
+    within = best[best["days"] <= 60].sort_values("usd").iloc[0]
+    assert lines[-1].startswith(f"Cheapest within 60 days: {within['gpus']} GPUs on "
+                                f"{within['nodes']} x {within['system']}")
+    assert "No fitting plan finishes within 1 days" in recommendation(best, 1)[-1]
+
+
+def test_unusable_candidates_are_listed_with_their_reason():
+    problems = problems_table(candidates())
+    assert len(problems) == 2
+    assert problems["reason"].str.contains("does not fit: 95.0 GiB of 80.0 GiB").any()
+    assert problems["reason"].str.contains("do not split").any()
+
+
+def test_page_renders(tmp_path):
+    frame = candidates()
+    write_report(compare_report(frame, tokens=TOKENS, deadline_days=60), tmp_path)
+    page = check_page(tmp_path, "compare")
+    assert "Pareto" in page and "Cheapest within 60 days" in page
+    back = pd.read_csv(tmp_path / "candidates.csv")
+    assert back["usd"].tolist() == pytest.approx(frame["usd"].tolist(), nan_ok=True)
+
+
+def test_a_table_without_the_planner_columns_is_refused():
+    with pytest.raises(PartitaError, match="lacks column.*pareto"):
+        best_plans(candidates().drop(columns=["pareto"]))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("partita.planner.search") is not None,
+                    reason="the planner's search is installed: the CLI is wired at merge")
+def test_cli_without_the_planner_search_is_one_error_line(capsys, tmp_path):
+    assert main(["report", "compare", "llama2-70b-h100", "--systems", "p4d.24xlarge",
+                 "-o", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "partita.planner.search" in err[0]
