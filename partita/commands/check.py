@@ -42,15 +42,35 @@ def multipliers(text: str) -> tuple[int, ...]:
     return values if values[0] == 1 else (1,) + values
 
 
+class _Intermixed(argparse.ArgumentParser):
+    """Options may sit between the positionals (`check BASELINE --record A B`): plain argparse
+    binds BASELINE and the empty FILE list together and then rejects A and B."""
+
+    _inside = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._inside:
+            return super().parse_known_args(args, namespace)
+        self._inside = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._inside = False
+
+
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("check", help="CI regression of predictions against a recorded baseline",
-                       description=__doc__.splitlines()[0])
+    default_class, sub._parser_class = sub._parser_class, _Intermixed
+    try:
+        p = sub.add_parser("check", help="CI regression of predictions against a recorded baseline",
+                           description=__doc__.splitlines()[0])
+    finally:
+        sub._parser_class = default_class
     p.add_argument("baseline", metavar="BASELINE", help="baseline JSON file")
     p.add_argument("files", nargs="*", metavar="FILE",
                    help="scenarios (default: record every shipped example; check the baseline's)")
     p.add_argument("--record", action="store_true", help="write BASELINE from the scenarios")
-    p.add_argument("--tolerance", type=tolerance, default=0.02, metavar="P%",
-                   help="relative move allowed per metric (default 2%%)")
+    p.add_argument("--tolerance", type=tolerance, default=0.02, metavar="PERCENT",
+                   help="relative move allowed per metric, e.g. 2%% (the default) or 0.5%%")
     p.add_argument("--sweep", type=multipliers, default=None, metavar="K,K,...",
                    help="node-count multipliers of the scaling sweep (default 1,2,4; with --record)")
     p.add_argument("--junit", metavar="OUT.xml", help="also write the results as JUnit XML")
