@@ -115,8 +115,8 @@ h1{font-size:1.6rem;margin-bottom:.2rem}h2{font-size:1.25rem;margin-top:2rem;bor
 .sub{color:#555;margin-top:0}figure{margin:1rem 0}figure img{max-width:100%;height:auto;border:1px solid #eee}
 figcaption{color:#555;font-size:.9rem}.row{display:flex;flex-wrap:wrap;gap:1rem}.row figure{flex:1 1 45%}
 table{border-collapse:collapse;font-size:.85rem;margin:.5rem 0 1rem}caption{text-align:left;font-weight:600;
-padding:.3rem 0}th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:right}th{background:#f5f5f5}
-td:first-child,th:first-child{text-align:left}.tablewrap{overflow-x:auto}footer{color:#777;font-size:.8rem;
+padding:.3rem 0}th,td{border:1px solid #ddd;padding:.25rem .5rem;text-align:left;white-space:nowrap}
+th{background:#f5f5f5}.num{text-align:right;font-variant-numeric:tabular-nums}.tablewrap{overflow-x:auto}footer{color:#777;font-size:.8rem;
 margin-top:3rem}
 """
 
@@ -153,12 +153,19 @@ def _html_figure(f: FigureItem) -> str:
 
 
 def _html_table(t: TableItem) -> str:
-    body = formatted(t).to_html(index=False, border=0, escape=True)
-    body = body.replace('<table class="dataframe">',
-                        f'<table class="dataframe"><caption>{html.escape(t.title)} '
-                        f'({html.escape(t.name)}.csv)</caption>', 1)
-    caption = f"<p>{html.escape(t.caption)}</p>" if t.caption else ""
-    return f'<div class="tablewrap">{body}</div>{caption}'
+    """Numeric columns right-aligned, text left; cells never wrap (the wrapper scrolls sideways)."""
+    e = html.escape
+    numeric = [pd.api.types.is_numeric_dtype(t.frame[c]) and not pd.api.types.is_bool_dtype(t.frame[c])
+               for c in t.frame.columns]
+    head = "".join(f'<th{" class=num" if n else ""}>{e(str(c))}</th>'
+                   for c, n in zip(t.frame.columns, numeric))
+    rows = []
+    for values in formatted(t).itertuples(index=False):
+        rows.append("<tr>" + "".join(f'<td{" class=num" if n else ""}>{e(str(v))}</td>'
+                                     for v, n in zip(values, numeric)) + "</tr>")
+    caption = f"<p>{e(t.caption)}</p>" if t.caption else ""
+    return (f'<div class="tablewrap"><table><caption>{e(t.title)} ({e(t.name)}.csv)</caption>'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(rows)}</tbody></table></div>{caption}")
 
 
 # ---- Markdown ----

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import pandas as pd
+from matplotlib.ticker import FuncFormatter
 
 from partita.planner.errors import PartitaError
 from partita.reports.figures import SERIES, new_figure, png_bytes
@@ -135,6 +136,14 @@ FORMATS = {"step_time_s": ".4f", "tokens_per_s": ".1f", "mfu": ".3f", "dp_comm_s
            "peak_memory_gib": ".2f", "scaling_efficiency": ".3f"}
 
 
+def _count(value: float, _pos=None) -> str:
+    """400000 -> '400k', 1.2e6 -> '1.2M'."""
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= div:
+            return f"{value / div:g}{unit}"
+    return f"{value:g}"
+
+
 def _plot(frame: pd.DataFrame, column: str, title: str, ylabel: str, ideal: bool) -> bytes:
     fig = new_figure(6.4, 4.2)
     ax = fig.add_subplot()
@@ -153,6 +162,8 @@ def _plot(frame: pd.DataFrame, column: str, title: str, ylabel: str, ideal: bool
     ax.set_xscale("log", base=2)
     if column == "tokens_per_s":
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(_count))
+        ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: _count(v) if str(v)[0] in "25" else ""))
     ax.set_xticks(sorted(ok["nodes"].unique()) or [1])
     ax.get_xaxis().set_major_formatter("{x:.0f}")
     ax.set_xlabel("nodes (count)")

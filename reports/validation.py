@@ -121,6 +121,7 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None) 
     summary = summary_table(report)
     ok = frame[frame["error_pct"].notna()]
     worst = ok.reindex(ok["error_pct"].abs().sort_values(ascending=False).index).head(WORST)
+    worst = worst.drop(columns=["failure"])
     skipped = pd.DataFrame([{"id": s.row_id, "model": s.model, "kind": s.kind, "reason": s.reason}
                             for s in report.skipped]
                            + [{"id": r.id, "model": r.model, "kind": "refused by the simulator",
