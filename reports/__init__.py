@@ -1,7 +1,7 @@
-"""partita.reports: tables and figures from scenarios and their results (`partita report`).
+"""partita.reports: what a person would rather look at than read, from the simulator's numbers.
 
-Not built yet: the contract's `partita report compare|timeline|memory|validate|run` has no issue so far.
-The data it will draw on is already produced: `partita simulate --json/--trace`, `partita validate
---json`, and `partita run`'s metrics.jsonl / trace.json / result.json. Imports point one way:
-planner <- simulator <- reports.
+`partita report KIND` pages (one module per report: scaling, timeline, memory, validation, run,
+compare), assembled by `html.py` into a self-contained HTML page with Markdown, PNG and CSV files
+beside it; `regression.py` is `partita check`'s baseline. Imports point one way: planner <-
+simulator <- reports.
 """
