@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import pandas as pd
 from matplotlib.patches import Patch
 
+from partita.planner.errors import PartitaError
 from partita.reports.figures import KIND_COLOURS, new_figure, png_bytes, time_unit
 from partita.reports.html import FigureItem, Report, Section, TableItem
 
@@ -69,7 +70,7 @@ def bubbles(spans: Sequence, rank: int) -> list[tuple[float, float]]:
     return out
 
 
-def gantt(ax, spans: Sequence, *, ranks: Sequence[int], end_s: float,
+def gantt(ax, spans: Sequence, *, ranks: Sequence[int], end_s: float, start_s: float = 0.0,
           chunk_parts: Sequence[dict[str, float]] | None = None,
           label_prefix: str = "rank") -> set[str]:
     """Draw `spans` of `ranks` on `ax`: three rows per rank, time in a unit fit for `end_s`.
@@ -114,7 +115,7 @@ def gantt(ax, spans: Sequence, *, ranks: Sequence[int], end_s: float,
             labels.append(f"{label_prefix} {rank} {name}" if row == 0 else name)
     ax.set_yticks(ticks, labels, fontsize=7)
     ax.set_ylim(-0.5, len(ranks) * (rows_per + 1) - 0.5)
-    ax.set_xlim(0, end_s * scale)
+    ax.set_xlim(start_s * scale, end_s * scale)
     ax.set_xlabel(f"time since step start ({unit})")
     ax.set_ylabel("pipeline rank / lane")
     ax.grid(True, axis="x", alpha=0.3)
@@ -160,18 +161,46 @@ def breakdown_table(result) -> pd.DataFrame:
                          for k, v in result.breakdown_s.items()])
 
 
-def timeline_report(scenario, result) -> Report:
-    spans = list(result.spans)
-    ranks = sorted({s.rank for s in spans})
-    end = max((s.end_s for s in spans), default=result.step_time_s)
-    p = scenario.parallel
+def fill_window_s(spans: Sequence, ranks: Sequence[int]) -> float:
+    """Where the pipeline's fill ends: 1.5 x the latest first-backward end over the ranks."""
+    firsts = [min((s.end_s for s in spans if s.rank == r and s.lane == "compute"
+                   and s.cat.startswith("backward")), default=0.0) for r in ranks]
+    return 1.5 * max(firsts, default=0.0)
+
+
+def _gantt_figure(spans, ranks, end: float, title: str, chunk_parts, start: float = 0.0) -> bytes:
     fig = new_figure(11.0, max(3.2, 0.34 * 4 * len(ranks) + 1.8))
     ax = fig.add_subplot()
-    add_legend(fig, gantt(ax, spans, ranks=ranks, end_s=end,
-                          chunk_parts=result.details.get("chunk_parts_s")))
+    add_legend(fig, gantt(ax, spans, ranks=ranks, end_s=end, start_s=start,
+                          chunk_parts=chunk_parts))
+    ax.set_title(title)
+    return png_bytes(fig)
+
+
+def timeline_report(scenario, result, *, stages: Sequence[int] | None = None) -> Report:
+    """The step's Gantt chart for `stages` (default every pipeline stage), and a close-up of the
+    pipeline's fill when the whole step is too long to read it."""
+    spans = list(result.spans)
+    ranks = sorted({s.rank for s in spans})
+    if stages is not None:
+        missing = [r for r in stages if r not in ranks]
+        if missing:
+            raise PartitaError(f"--stages {','.join(map(str, missing))}: the plan has pipeline "
+                               f"stages 0-{len(ranks) - 1}")
+        ranks = sorted(set(stages))
+    end = max((s.end_s for s in spans), default=result.step_time_s)
+    p = scenario.parallel
     name = scenario.name or scenario.origin
-    ax.set_title(f"{name}: one simulated step, {p.schedule}, {p.pipeline} stage(s), "
-                 f"{result.details.get('microbatches', '?')} micro-batches")
+    parts = result.details.get("chunk_parts_s")
+    figures = [FigureItem(name="timeline", title="Simulated step per rank", png=_gantt_figure(
+        spans, ranks, end, f"{name}: one simulated step, {p.schedule}, {p.pipeline} stage(s), "
+        f"{result.details.get('microbatches', '?')} micro-batches", parts))]
+    fill = fill_window_s(spans, ranks)
+    if 0 < fill < 0.4 * end:
+        figures.append(FigureItem(name="timeline_fill", title="The pipeline's fill, close up",
+                                  png=_gantt_figure(spans, ranks, fill,
+                                                    f"{name}: the first {fill:.3g} s (pipeline fill)",
+                                                    parts)))
     b = result.breakdown_s
     exposed = sum(b.get(k, 0.0) for k in ("pp_comm", "dp_comm"))
     text = (f"Step {result.step_time_s:.4f} s on {result.gpus} GPUs ({result.system}). "
@@ -190,9 +219,8 @@ def timeline_report(scenario, result) -> Report:
                   subtitle=f"{result.gpus} GPUs on {result.details.get('nodes', 1)} x "
                            f"{result.system}, TP {p.tensor} x PP {p.pipeline} x CP {p.context} x "
                            f"DP {p.data}",
-                  sections=(Section(heading="The simulated step", text=text, figures=(
-                      FigureItem(name="timeline", title="Simulated step per rank",
-                                 png=png_bytes(fig)),)),
+                  sections=(Section(heading="The simulated step", text=text,
+                                    figures=tuple(figures)),
                             Section(heading="Where the time goes", tables=(
                                 TableItem(name="breakdown", title="Critical rank (as simulate prints)",
                                           frame=breakdown_table(result),

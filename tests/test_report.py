@@ -152,3 +152,14 @@ def test_output_path_that_is_a_file_is_refused(capsys, tmp_path):
     assert main(["report", "memory", "gpt2-xl-p3", "-o", str(target)]) == 1
     assert "not a directory" in capsys.readouterr().err
     assert target.read_text() == "mine"
+
+
+def test_timeline_of_chosen_stages_with_a_close_up_of_the_fill(capsys, tmp_path):
+    out = tmp_path / "t"
+    report(capsys, "timeline", "gpt3-175b-a100", "--stages", "0,15", "-o", str(out))
+    check_page(out, "timeline")
+    assert list(pd.read_csv(out / "ranks.csv")["rank"]) == [0, 15]
+    assert (out / "timeline_fill.png").is_file()          # 192 micro-batches: the fill is short
+    assert main(["report", "timeline", "gpt3-175b-a100", "--stages", "16",
+                 "-o", str(tmp_path / "x")]) == 1
+    assert "stages 0-15" in capsys.readouterr().err

@@ -38,6 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     t = _kind(kinds, "timeline", "the simulated step as a Gantt chart per pipeline rank")
     t.add_argument("file", metavar="FILE")
+    t.add_argument("--stages", help="pipeline stages to draw, e.g. 0,7,15 (default: every stage)")
     t.set_defaults(func=_timeline)
 
     m = _kind(kinds, "memory", "per-stage memory against usable capacity")
@@ -114,9 +115,15 @@ def _scaling(args: argparse.Namespace) -> int:
 def _timeline(args: argparse.Namespace) -> int:
     from partita.reports.timeline import timeline_report
     from partita.simulator.step import simulate
+    stages = None
+    if args.stages:
+        try:
+            stages = [int(x) for x in args.stages.split(",") if x.strip()]
+        except ValueError:
+            raise PartitaError(f"--stages {args.stages!r}: expected stage indices such as 0,3") from None
     scenario = _load(args.file)
     result = simulate(scenario, catalog_from_args(args), trace=True)
-    return _finish(timeline_report(scenario, result), args)
+    return _finish(timeline_report(scenario, result, stages=stages), args)
 
 
 def _memory(args: argparse.Namespace) -> int:
