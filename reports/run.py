@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -199,6 +199,13 @@ def run_report(run: RunDir, *, scenario_file: str | None = None, catalog=None) -
         tables=(TableItem(name="steps", title="Per step", frame=frame, formats={
             "loss": ".5f", "measured_step_s": ".4f", "predicted_step_s": ".4f",
             "measured_over_predicted": ".2f"}),))]
+    sections.append(_timeline_section(name, last, measured, predicted))
+    return Report(kind="run", title=f"Measured run: {name}", subtitle=str(run.path),
+                  sections=tuple(sections))
+
+
+def _timeline_section(name: str, last: dict, measured: list[Span],
+                      predicted: list[Span] | None) -> Section:
     figs = [FigureItem(name="run_timeline", title="Measured and simulated step",
                        png=_gantt_figure(measured, predicted, name))]
     tables = []
@@ -211,8 +218,6 @@ def run_report(run: RunDir, *, scenario_file: str | None = None, catalog=None) -
                                 frame=actions, formats={c: ".6f" for c in (
                                     "measured_start_s", "measured_s", "predicted_start_s",
                                     "predicted_s")} | {"measured_over_predicted": ".2f"}))
-    sections.append(Section(heading="The last measured step beside the simulated one", text=(
+    return Section(heading="The last measured step beside the simulated one", text=(
         "Both on one time axis from the step's start; actions joined on (stage, name).",),
-        figures=tuple(figs), tables=tuple(tables)))
-    return Report(kind="run", title=f"Measured run: {name}", subtitle=str(run.path),
-                  sections=tuple(sections))
+        figures=tuple(figs), tables=tuple(tables))

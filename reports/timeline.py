@@ -76,49 +76,52 @@ def gantt(ax, spans: Sequence, *, ranks: Sequence[int], end_s: float, start_s: f
     """Draw `spans` of `ranks` on `ax`: three rows per rank, time in a unit fit for `end_s`.
     Returns the kinds drawn, for `add_legend`."""
     scale, unit = time_unit(end_s)
-    rows_per = len(ROWS)
     used: set[str] = set()
-    for i, rank in enumerate(ranks):
-        base = (len(ranks) - 1 - i) * (rows_per + 1)
-        gaps = bubbles(spans, rank)
-        if gaps:
-            ax.broken_barh([(a * scale, (b - a) * scale) for a, b in gaps], (base + 2.1, 0.8),
-                           facecolor=KIND_COLOURS["bubble"], edgecolor="#BBBBBB", hatch="//",
-                           lw=0.3)
-            used.add("bubble")
-        by_kind: dict[tuple[int, str], list[tuple[float, float]]] = {}
-        overlay: list[tuple[float, float]] = []
-        for s in spans:
-            if s.rank != rank:
-                continue
-            k = kind_of(s)
-            by_kind.setdefault((_row(s), k), []).append((s.start_s * scale,
-                                                          (s.end_s - s.start_s) * scale))
-            c = chunk_of(s.name)
-            if s.lane == "compute" and chunk_parts and c is not None and c < len(chunk_parts):
-                share = in_layer_share(chunk_parts[c]) * (s.end_s - s.start_s)
-                if share > 0:
-                    overlay.append(((s.end_s - share) * scale, share * scale))
-        for (row, k), bars in by_kind.items():
-            y = base + (rows_per - 1 - row)
-            ax.broken_barh(bars, (y + 0.1, 0.8), facecolor=KIND_COLOURS[k], lw=0)
-            used.add(k)
-        if overlay:
-            ax.broken_barh(overlay, (base + 2.1, 0.8), facecolor=KIND_COLOURS["in-layer comm"],
-                           lw=0)
-            used.add("in-layer comm")
     ticks, labels = [], []
     for i, rank in enumerate(ranks):
-        base = (len(ranks) - 1 - i) * (rows_per + 1)
+        base = (len(ranks) - 1 - i) * (len(ROWS) + 1)
+        used |= _draw_rank(ax, spans, rank, base, scale, chunk_parts)
         for row, name in enumerate(ROWS):
-            ticks.append(base + (rows_per - 1 - row) + 0.5)
+            ticks.append(base + (len(ROWS) - 1 - row) + 0.5)
             labels.append(f"{label_prefix} {rank} {name}" if row == 0 else name)
     ax.set_yticks(ticks, labels, fontsize=7)
-    ax.set_ylim(-0.5, len(ranks) * (rows_per + 1) - 0.5)
+    ax.set_ylim(-0.5, len(ranks) * (len(ROWS) + 1) - 0.5)
     ax.set_xlim(start_s * scale, end_s * scale)
     ax.set_xlabel(f"time since step start ({unit})")
     ax.set_ylabel("pipeline rank / lane")
     ax.grid(True, axis="x", alpha=0.3)
+    return used
+
+
+def _draw_rank(ax, spans: Sequence, rank: int, base: float, scale: float,
+               chunk_parts: Sequence[dict[str, float]] | None) -> set[str]:
+    """One rank's three rows from y = base (dp / optimizer) to base + 2 (compute)."""
+    used: set[str] = set()
+    top = base + len(ROWS) - 1 + 0.1
+    gaps = bubbles(spans, rank)
+    if gaps:
+        ax.broken_barh([(a * scale, (b - a) * scale) for a, b in gaps], (top, 0.8),
+                       facecolor=KIND_COLOURS["bubble"], edgecolor="#BBBBBB", hatch="//", lw=0.3)
+        used.add("bubble")
+    by_kind: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    overlay: list[tuple[float, float]] = []
+    for s in spans:
+        if s.rank != rank:
+            continue
+        by_kind.setdefault((_row(s), kind_of(s)), []).append(
+            (s.start_s * scale, (s.end_s - s.start_s) * scale))
+        c = chunk_of(s.name)
+        if s.lane == "compute" and chunk_parts and c is not None and c < len(chunk_parts):
+            share = in_layer_share(chunk_parts[c]) * (s.end_s - s.start_s)
+            if share > 0:
+                overlay.append(((s.end_s - share) * scale, share * scale))
+    for (row, k), bars in by_kind.items():
+        ax.broken_barh(bars, (base + (len(ROWS) - 1 - row) + 0.1, 0.8), facecolor=KIND_COLOURS[k],
+                       lw=0)
+        used.add(k)
+    if overlay:
+        ax.broken_barh(overlay, (top, 0.8), facecolor=KIND_COLOURS["in-layer comm"], lw=0)
+        used.add("in-layer comm")
     return used
 
 
@@ -181,13 +184,7 @@ def timeline_report(scenario, result, *, stages: Sequence[int] | None = None) ->
     """The step's Gantt chart for `stages` (default every pipeline stage), and a close-up of the
     pipeline's fill when the whole step is too long to read it."""
     spans = list(result.spans)
-    ranks = sorted({s.rank for s in spans})
-    if stages is not None:
-        missing = [r for r in stages if r not in ranks]
-        if missing:
-            raise PartitaError(f"--stages {','.join(map(str, missing))}: the plan has pipeline "
-                               f"stages 0-{len(ranks) - 1}")
-        ranks = sorted(set(stages))
+    ranks = chosen_ranks(spans, stages)
     end = max((s.end_s for s in spans), default=result.step_time_s)
     p = scenario.parallel
     name = scenario.name or scenario.origin
@@ -201,9 +198,39 @@ def timeline_report(scenario, result, *, stages: Sequence[int] | None = None) ->
                                   png=_gantt_figure(spans, ranks, fill,
                                                     f"{name}: the first {fill:.3g} s (pipeline fill)",
                                                     parts)))
+    fmt = {c: ".4f" for c in ("forward_s", "backward_s", "backward-input_s", "backward-weight_s",
+                              "bubble_s", "send_recv_s", "exposed_dp_s", "compute_end_s")}
+    return Report(kind="timeline", title=f"Timeline: {name}",
+                  subtitle=f"{result.gpus} GPUs on {result.details.get('nodes', 1)} x "
+                           f"{result.system}, TP {p.tensor} x PP {p.pipeline} x CP {p.context} x "
+                           f"DP {p.data}",
+                  sections=(Section(heading="The simulated step", text=summary_text(result),
+                                    figures=tuple(figures)),
+                            Section(heading="Where the time goes", tables=(
+                                TableItem(name="breakdown", title="Critical rank (as simulate prints)",
+                                          frame=breakdown_table(result),
+                                          formats={"seconds": ".4f", "percent": ".1f"}),
+                                TableItem(name="ranks", title="Per rank, from the spans",
+                                          frame=rank_table(spans, ranks, result.step_time_s),
+                                          formats=fmt)))))
+
+
+def chosen_ranks(spans: Sequence, stages: Sequence[int] | None) -> list[int]:
+    ranks = sorted({s.rank for s in spans})
+    if stages is None:
+        return ranks
+    missing = [r for r in stages if r not in ranks]
+    if missing:
+        raise PartitaError(f"--stages {','.join(map(str, missing))}: the plan has pipeline "
+                           f"stages 0-{len(ranks) - 1}")
+    return sorted(set(stages))
+
+
+def summary_text(result) -> tuple[str, str]:
+    """The bubble and the exposed communication, named, in simulate's digits."""
     b = result.breakdown_s
     exposed = sum(b.get(k, 0.0) for k in ("pp_comm", "dp_comm"))
-    text = (f"Step {result.step_time_s:.4f} s on {result.gpus} GPUs ({result.system}). "
+    return (f"Step {result.step_time_s:.4f} s on {result.gpus} GPUs ({result.system}). "
             f"Bubble (critical rank): {b.get('bubble', 0.0):.4f} s, "
             f"{100 * result.bubble_fraction:.1f}% of the pipeline. Exposed communication: "
             f"pipeline {b.get('pp_comm', 0.0):.4f} s, data-parallel {b.get('dp_comm', 0.0):.4f} s "
@@ -213,18 +240,3 @@ def timeline_report(scenario, result, *, stages: Sequence[int] | None = None) ->
             f"({b.get('step_overhead', 0.0):.4f} s) follow the last reduction; the chart ends at "
             "the optimizer. Open the same step in Perfetto with `partita simulate FILE --trace "
             "OUT.json`.")
-    fmt = {c: ".4f" for c in ("forward_s", "backward_s", "backward-input_s", "backward-weight_s",
-                              "bubble_s", "send_recv_s", "exposed_dp_s", "compute_end_s")}
-    return Report(kind="timeline", title=f"Timeline: {name}",
-                  subtitle=f"{result.gpus} GPUs on {result.details.get('nodes', 1)} x "
-                           f"{result.system}, TP {p.tensor} x PP {p.pipeline} x CP {p.context} x "
-                           f"DP {p.data}",
-                  sections=(Section(heading="The simulated step", text=text,
-                                    figures=tuple(figures)),
-                            Section(heading="Where the time goes", tables=(
-                                TableItem(name="breakdown", title="Critical rank (as simulate prints)",
-                                          frame=breakdown_table(result),
-                                          formats={"seconds": ".4f", "percent": ".1f"}),
-                                TableItem(name="ranks", title="Per rank, from the spans",
-                                          frame=rank_table(spans, ranks, result.step_time_s),
-                                          formats=fmt)))))

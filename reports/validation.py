@@ -116,25 +116,29 @@ def _by_source(frame: pd.DataFrame) -> bytes:
     return png_bytes(fig)
 
 
+def skipped_table(report, frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows not compared: those the row map skipped and those the simulator refused, with why."""
+    return pd.DataFrame([{"id": s.row_id, "model": s.model, "kind": s.kind, "reason": s.reason}
+                         for s in report.skipped]
+                        + [{"id": r.id, "model": r.model, "kind": "refused by the simulator",
+                            "reason": r.failure} for r in frame[frame["failure"] != ""].itertuples()])
+
+
 def validation_report(report, *, progress: Callable[[str], None] | None = None) -> Report:
     frame = rows_table(report)
     summary = summary_table(report)
     ok = frame[frame["error_pct"].notna()]
     worst = ok.reindex(ok["error_pct"].abs().sort_values(ascending=False).index).head(WORST)
     worst = worst.drop(columns=["failure"])
-    skipped = pd.DataFrame([{"id": s.row_id, "model": s.model, "kind": s.kind, "reason": s.reason}
-                            for s in report.skipped]
-                           + [{"id": r.id, "model": r.model, "kind": "refused by the simulator",
-                               "reason": r.failure} for r in frame[frame["failure"] != ""].itertuples()])
+    skipped = skipped_table(report, frame)
     if progress:
         progress(f"validate: {len(ok)} rows compared, {len(skipped)} skipped; drawing")
     fmt = {"measured_step_s": ".4g", "predicted_step_s": ".4g", "error_pct": "+.1f"}
     sfmt = {c: ".1f" for c in ("median_abs_pct", "p90_abs_pct", "max_abs_pct")} | {
         "mean_signed_pct": "+.1f"}
-    cv = cross_validation()
     cv_text = ("Leave-one-source-out: this installation's simulator offers a cross-validation "
                "entry point; run `partita validate --cross-validate` for its summary."
-               if cv is not None else
+               if cross_validation() is not None else
                "Leave-one-source-out: not available in this installation (the simulator has no "
                "`--cross-validate` refit yet), so only the fit and held-back figures are shown.")
     text = (f"{len(ok)} published runs simulated from {report.csv}; split: {report.split_rule}. "

@@ -27,14 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     kinds = p.add_subparsers(dest="kind", metavar="KIND")
     kinds.required = True
 
-    s = _kind(kinds, "scaling", "throughput and scaling efficiency vs nodes, per gradient reduction")
-    s.add_argument("file", metavar="FILE", help="scenario (with a parallel section) or shipped example")
-    s.add_argument("--nodes", default="1-64", help="A-B (powers of two between) or a list (default 1-64)")
-    s.add_argument("--grad-reduce", default="ring,parameter-server",
-                   help="comma-separated reductions (ring, tree, hierarchical, parameter-server, auto)")
-    s.add_argument("--fixed-batch", action="store_true",
-                   help="keep the global batch (strong scaling); default keeps the batch per replica")
-    s.set_defaults(func=_scaling)
+    _register_scaling(kinds)
 
     t = _kind(kinds, "timeline", "the simulated step as a Gantt chart per pipeline rank")
     t.add_argument("file", metavar="FILE")
@@ -55,6 +48,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the scenario that was run (default: the one result.json names)")
     r.set_defaults(func=_run)
 
+    _register_compare(kinds)
+
+
+def _register_scaling(kinds) -> None:
+    s = _kind(kinds, "scaling", "throughput and scaling efficiency vs nodes, per gradient reduction")
+    s.add_argument("file", metavar="FILE", help="scenario (with a parallel section) or shipped example")
+    s.add_argument("--nodes", default="1-64", help="A-B (powers of two between) or a list (default 1-64)")
+    s.add_argument("--grad-reduce", default="ring,parameter-server",
+                   help="comma-separated reductions (ring, tree, hierarchical, parameter-server, auto)")
+    s.add_argument("--fixed-batch", action="store_true",
+                   help="keep the global batch (strong scaling); default keeps the batch per replica")
+    s.set_defaults(func=_scaling)
+
+
+def _register_compare(kinds) -> None:
     c = _kind(kinds, "compare", "instance comparison in time and dollars (needs the planner)")
     c.add_argument("file", metavar="FILE")
     c.add_argument("--systems", required=True, help="comma-separated catalog systems")
