@@ -18,6 +18,7 @@ from partita.reports.html import FigureItem, Report, Section, TableItem
 
 GROUP_NAMES = {"fit": "fit (calibrated on)", "holdout": "held back"}
 WORST = 10
+MEMORY_COLUMNS = ("measured_peak_memory_gib", "predicted_peak_memory_gib", "memory_error_pct")
 
 
 def rows_table(report) -> pd.DataFrame:
@@ -28,14 +29,18 @@ def rows_table(report) -> pd.DataFrame:
                      "system": m.scenario.cluster.system, "group": r.group,
                      "measured_step_s": m.measured_step_s, "predicted_step_s": r.predicted_step_s,
                      "error_pct": None if r.error is None else 100.0 * r.error,
+                     "measured_peak_memory_gib": m.measured_peak_memory_gib,
+                     "predicted_peak_memory_gib": r.predicted_peak_memory_gib,
+                     "memory_error_pct": None if r.memory_error is None else 100.0 * r.memory_error,
                      "failure": r.failure})
     return pd.DataFrame(rows)
 
 
-def summary_table(report) -> pd.DataFrame:
+def summary_table(report, memory: bool = False) -> pd.DataFrame:
+    """Absolute error (%) per group: step time, or with `memory` the peak memory per GPU."""
     rows = []
     for group, label in (("fit", "fit"), ("holdout", "held back"), (None, "all")):
-        s = report.summary(group).to_json()
+        s = (report.memory_summary(group) if memory else report.summary(group)).to_json()
         rows.append({"rows": label, "count": s["count"], "median_abs_pct": s["median_abs_pct"],
                      "p90_abs_pct": s["p90_abs_pct"], "max_abs_pct": s["max_abs_pct"],
                      "mean_signed_pct": s["mean_signed_pct"]})
@@ -95,6 +100,33 @@ def _scatter(frame: pd.DataFrame) -> bytes:
     return png_bytes(fig)
 
 
+def _memory_figure(frame: pd.DataFrame) -> bytes:
+    """Predicted against published peak memory per GPU, fit beside held back, with the bands."""
+    ok = frame[frame["memory_error_pct"].notna()]
+    fig = new_figure(11.0, 4.6)
+    axes = fig.subplots(1, 2, sharex=True, sharey=True)
+    lo = 0.0
+    hi = max(ok["measured_peak_memory_gib"].max(), ok["predicted_peak_memory_gib"].max()) * 1.1
+    xs = [lo, hi]
+    for ax, (group, label), colour in zip(axes, GROUP_NAMES.items(), SERIES):
+        part = ok[ok["group"] == group]
+        for band, shade in ((10, "#E8E8E8"), (5, "#C8C8C8")):
+            ax.fill_between(xs, [x * (1 - band / 100) for x in xs],
+                            [x * (1 + band / 100) for x in xs], color=shade, label=f"within {band}%")
+        ax.plot(xs, xs, color="black", lw=0.8, label="predicted = published")
+        ax.scatter(part["measured_peak_memory_gib"], part["predicted_peak_memory_gib"], s=18,
+                   color=colour, edgecolor="white", lw=0.4, zorder=3,
+                   label=f"{label} ({len(part)} rows)")
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+        ax.set_xlabel("published peak memory per GPU (GiB)")
+        ax.set_ylabel("predicted peak memory per GPU (GiB)")
+        ax.set_title(f"{label}: peak memory")
+        ax.grid(True, alpha=0.2)
+        ax.legend(loc="upper left", fontsize=7)
+    return png_bytes(fig)
+
+
 def _by_source(frame: pd.DataFrame) -> bytes:
     ok = frame[frame["error_pct"].notna()]
     sources = sorted(ok["source"].unique())
@@ -126,6 +158,9 @@ def skipped_table(report, frame: pd.DataFrame) -> pd.DataFrame:
 
 def validation_report(report, *, progress: Callable[[str], None] | None = None) -> Report:
     frame = rows_table(report)
+    memory = frame["memory_error_pct"].notna().any()
+    if not memory:
+        frame = frame.drop(columns=list(MEMORY_COLUMNS))
     summary = summary_table(report)
     ok = frame[frame["error_pct"].notna()]
     worst = ok.reindex(ok["error_pct"].abs().sort_values(ascending=False).index).head(WORST)
@@ -133,7 +168,9 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None) 
     skipped = skipped_table(report, frame)
     if progress:
         progress(f"validate: {len(ok)} rows compared, {len(skipped)} skipped; drawing")
-    fmt = {"measured_step_s": ".4g", "predicted_step_s": ".4g", "error_pct": "+.1f"}
+    fmt = {"measured_step_s": ".4g", "predicted_step_s": ".4g", "error_pct": "+.1f",
+           "measured_peak_memory_gib": ".1f", "predicted_peak_memory_gib": ".1f",
+           "memory_error_pct": "+.1f"}
     sfmt = {c: ".1f" for c in ("median_abs_pct", "p90_abs_pct", "max_abs_pct")} | {
         "mean_signed_pct": "+.1f"}
     cv_text = ("Leave-one-source-out: this installation's simulator offers a cross-validation "
@@ -143,23 +180,24 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None) 
                "`--cross-validate` refit yet), so only the fit and held-back figures are shown.")
     text = (f"{len(ok)} published runs simulated from {report.csv}; split: {report.split_rule}. "
             "Error = predicted / published - 1; the summary is of absolute errors.", cv_text)
-    return Report(kind="validate", title="Validation: predicted vs published step times",
-                  subtitle=report.csv,
-                  sections=(
-                      Section(heading="Summary", text=text, tables=(TableItem(
-                          name="summary", title="Absolute error (%)", frame=summary,
-                          formats=sfmt),)),
-                      Section(heading="Fit and held back, side by side", figures=(
-                          FigureItem(name="validate_scatter", title="Predicted vs published",
-                                     png=_scatter(frame)),)),
-                      Section(heading="Error by source", figures=(
-                          FigureItem(name="validate_by_source", title="Error by source",
-                                     png=_by_source(frame)),)),
-                      Section(heading="Worst rows", tables=(TableItem(
-                          name="worst", title=f"The {WORST} largest errors", frame=worst,
-                          formats=fmt),)),
-                      Section(heading="Every row", tables=(
-                          TableItem(name="rows", title="Every simulated row", frame=frame,
-                                    formats=fmt),
-                          TableItem(name="skipped", title="Rows not compared, with the reason",
-                                    frame=skipped)))))
+    sections = [
+        Section(heading="Summary", text=text, tables=(TableItem(
+            name="summary", title="Absolute error (%)", frame=summary, formats=sfmt),)),
+        Section(heading="Fit and held back, side by side", figures=(FigureItem(
+            name="validate_scatter", title="Predicted vs published", png=_scatter(frame)),)),
+        Section(heading="Error by source", figures=(FigureItem(
+            name="validate_by_source", title="Error by source", png=_by_source(frame)),)),
+        Section(heading="Worst rows", tables=(TableItem(
+            name="worst", title=f"The {WORST} largest errors", frame=worst, formats=fmt),)),
+        Section(heading="Every row", tables=(
+            TableItem(name="rows", title="Every simulated row", frame=frame, formats=fmt),
+            TableItem(name="skipped", title="Rows not compared, with the reason",
+                      frame=skipped)))]
+    if memory:
+        sections.insert(3, Section(heading="Peak memory per GPU", figures=(FigureItem(
+            name="validate_memory", title="Predicted vs published peak memory",
+            png=_memory_figure(frame)),), tables=(TableItem(
+                name="memory_summary", title="Peak memory, absolute error (%)",
+                frame=summary_table(report, memory=True), formats=sfmt),)))
+    return Report(kind="validate", title="Validation: predicted vs published", subtitle=report.csv,
+                  sections=tuple(sections))

@@ -163,3 +163,17 @@ def test_timeline_of_chosen_stages_with_a_close_up_of_the_fill(capsys, tmp_path)
     assert main(["report", "timeline", "gpt3-175b-a100", "--stages", "16",
                  "-o", str(tmp_path / "x")]) == 1
     assert "stages 0-15" in capsys.readouterr().err
+
+
+def test_validate_memory_summary_is_validates(capsys, tmp_path):
+    out = tmp_path / "vm"
+    report(capsys, "validate", "--memory", "-o", str(out))
+    check_page(out, "validate")
+    assert (out / "validate_memory.png").is_file()
+    capsys.readouterr()
+    main(["validate", "--memory", "--json"])
+    summary = json.loads(capsys.readouterr().out)["summary"]
+    frame = pd.read_csv(out / "memory_summary.csv").set_index("rows")
+    for label, group in (("fit", "memory_fit"), ("held back", "memory_holdout"), ("all", "memory")):
+        assert frame.loc[label, "count"] == summary[group]["count"]
+        assert frame.loc[label, "p90_abs_pct"] == pytest.approx(summary[group]["p90_abs_pct"])

@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     v = _kind(kinds, "validate", "predicted vs published step times")
     v.add_argument("csv", nargs="?", metavar="CSV", help="default data/validation/published_dev.csv")
+    v.add_argument("--memory", action="store_true",
+                   help="the published peak-memory runs (published_memory.csv, split_memory.yaml)")
+    v.add_argument("--split", metavar="FILE", help="fit/hold-out split (default: the CSV's own)")
     v.set_defaults(func=_validate)
 
     r = _kind(kinds, "run", "a measured run (partita run --out DIR) against its prediction")
@@ -143,9 +146,13 @@ def _memory(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from partita.reports.validation import validation_report
-    from partita.simulator.validation import run_validation
+    from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
+    csv, split = args.csv, args.split
+    if args.memory:
+        csv = csv if csv is not None else MEMORY_CSV
+        split = split if split is not None else MEMORY_SPLIT
     _progress("validate: simulating every published row ...")
-    report = run_validation(args.csv, catalog=catalog_from_args(args))
+    report = run_validation(csv, split=load_split(split), catalog=catalog_from_args(args))
     return _finish(validation_report(report, progress=_progress), args)
 
 
