@@ -181,7 +181,7 @@ def scaling_report(scenario, points: Sequence[ScalingPoint], *, system: str,
     mode = ("strong scaling: global batch fixed" if fixed_batch else
             "weak scaling: batch per data-parallel replica fixed")
     p = scenario.parallel
-    figs = (
+    figs = () if frame["tokens_per_s"].isna().all() else (
         FigureItem(name="scaling_throughput", title="Throughput vs nodes",
                    png=_plot(frame, "tokens_per_s", f"{name}: throughput", "throughput (tokens/s)",
                              True)),

@@ -177,3 +177,12 @@ def test_validate_memory_summary_is_validates(capsys, tmp_path):
     for label, group in (("fit", "memory_fit"), ("held back", "memory_holdout"), ("all", "memory")):
         assert frame.loc[label, "count"] == summary[group]["count"]
         assert frame.loc[label, "p90_abs_pct"] == pytest.approx(summary[group]["p90_abs_pct"])
+
+
+def test_scaling_with_no_point_simulated_still_reports_why(capsys, tmp_path):
+    out = tmp_path / "s"
+    report(capsys, "scaling", "llama2-70b-h100", "--nodes", "1,2", "--grad-reduce", "ring",
+           "-o", str(out))
+    assert not list(out.glob("*.png"))
+    page = (out / "scaling.html").read_text()
+    assert "No point simulated" in page and page.count("model-parallel group") >= 2
