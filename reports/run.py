@@ -206,6 +206,9 @@ def run_report(run: RunDir, *, scenario_file: str | None = None, catalog=None) -
 
 def _timeline_section(name: str, last: dict, measured: list[Span],
                       predicted: list[Span] | None) -> Section:
+    if not measured:
+        return Section(heading="The last measured step", text=(
+            f"Step {last['step']} recorded no spans (metrics.jsonl), so there is no timeline.",))
     figs = [FigureItem(name="run_timeline", title="Measured and simulated step",
                        png=_gantt_figure(measured, predicted, name))]
     tables = []

@@ -18,6 +18,9 @@ from partita.reports.html import FigureItem, Report, Section, TableItem
 
 GROUP_NAMES = {"fit": "fit (calibrated on)", "holdout": "held back"}
 WORST = 10
+ROW_COLUMNS = ("id", "source", "model", "gpus", "system", "group", "measured_step_s",
+               "predicted_step_s", "error_pct", "measured_peak_memory_gib",
+               "predicted_peak_memory_gib", "memory_error_pct", "failure")
 MEMORY_COLUMNS = ("measured_peak_memory_gib", "predicted_peak_memory_gib", "memory_error_pct")
 
 
@@ -33,7 +36,7 @@ def rows_table(report) -> pd.DataFrame:
                      "predicted_peak_memory_gib": r.predicted_peak_memory_gib,
                      "memory_error_pct": None if r.memory_error is None else 100.0 * r.memory_error,
                      "failure": r.failure})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=ROW_COLUMNS)
 
 
 def summary_table(report, memory: bool = False) -> pd.DataFrame:
@@ -180,13 +183,16 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None) 
                "`--cross-validate` refit yet), so only the fit and held-back figures are shown.")
     text = (f"{len(ok)} published runs simulated from {report.csv}; split: {report.split_rule}. "
             "Error = predicted / published - 1; the summary is of absolute errors.", cv_text)
+    drawn = len(ok) > 0
     sections = [
         Section(heading="Summary", text=text, tables=(TableItem(
             name="summary", title="Absolute error (%)", frame=summary, formats=sfmt),)),
         Section(heading="Fit and held back, side by side", figures=(FigureItem(
-            name="validate_scatter", title="Predicted vs published", png=_scatter(frame)),)),
+            name="validate_scatter", title="Predicted vs published", png=_scatter(frame)),)
+            if drawn else (), text=() if drawn else ("No row was simulated.",)),
         Section(heading="Error by source", figures=(FigureItem(
-            name="validate_by_source", title="Error by source", png=_by_source(frame)),)),
+            name="validate_by_source", title="Error by source", png=_by_source(frame)),)
+            if drawn else ()),
         Section(heading="Worst rows", tables=(TableItem(
             name="worst", title=f"The {WORST} largest errors", frame=worst, formats=fmt),)),
         Section(heading="Every row", tables=(

@@ -186,3 +186,14 @@ def test_scaling_with_no_point_simulated_still_reports_why(capsys, tmp_path):
     assert not list(out.glob("*.png"))
     page = (out / "scaling.html").read_text()
     assert "No point simulated" in page and page.count("model-parallel group") >= 2
+
+
+def test_validate_with_every_row_skipped_lists_the_reasons(capsys, tmp_path):
+    src = open("data/validation/published_dev.csv").read().splitlines()
+    rows = [src[0]] + [line for line in src[1:] if line.startswith("GPIPE-0")]   # TPU / CNN rows
+    (tmp_path / "few.csv").write_text("\n".join(rows) + "\n")
+    out = tmp_path / "v"
+    report(capsys, "validate", str(tmp_path / "few.csv"), "-o", str(out))
+    assert not list(out.glob("*.png"))
+    skipped = pd.read_csv(out / "skipped.csv")
+    assert len(skipped) == len(rows) - 1 and skipped["reason"].str.len().min() > 0
