@@ -74,3 +74,23 @@ def test_cli_without_the_planner_search_is_one_error_line(capsys, tmp_path):
                  "-o", str(tmp_path / "c")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "partita.planner.search" in err[0]
+
+
+def test_cli_renders_a_candidates_csv(capsys, tmp_path):
+    table = tmp_path / "cands.csv"
+    candidates().to_csv(table, index=False)
+    out = tmp_path / "c"
+    assert main(["report", "compare", "--candidates", str(table), "--tokens", str(TOKENS),
+                 "--deadline-days", "60", "-o", str(out)]) == 0
+    check_page(out, "compare")
+    best = pd.read_csv(out / "compare.csv")
+    assert best["usd"].tolist() == pytest.approx(best_plans(candidates())["usd"].tolist())
+    assert "does not fit" in (out / "not_usable.csv").read_text()
+
+
+def test_cli_refuses_a_table_without_the_columns(capsys, tmp_path):
+    table = tmp_path / "bad.csv"
+    candidates().drop(columns=["usd_spot"]).to_csv(table, index=False)
+    assert main(["report", "compare", "--candidates", str(table), "-o", str(tmp_path / "c")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "usd_spot" in err[0] and str(table) in err[0]

@@ -66,9 +66,12 @@ def _register_scaling(kinds) -> None:
 
 
 def _register_compare(kinds) -> None:
-    c = _kind(kinds, "compare", "instance comparison in time and dollars (needs the planner)")
-    c.add_argument("file", metavar="FILE")
-    c.add_argument("--systems", required=True, help="comma-separated catalog systems")
+    c = _kind(kinds, "compare", "instance comparison in time and dollars")
+    c.add_argument("file", metavar="FILE", nargs="?",
+                   help="scenario to plan for each system and size (needs the planner's search)")
+    c.add_argument("--candidates", metavar="CSV",
+                   help="render a candidates table already written by the planner instead")
+    c.add_argument("--systems", help="comma-separated catalog systems")
     c.add_argument("--gpus", help="GPU counts, A-B or a list")
     c.add_argument("--nodes", help="node counts, A-B or a list")
     c.add_argument("--tokens", type=float, help="token budget for days and dollars")
@@ -164,6 +167,12 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _compare(args: argparse.Namespace) -> int:
+    if args.candidates:
+        if args.file:
+            raise PartitaError("give FILE (plan it) or --candidates CSV (render it), not both")
+        return _compare_table(args)
+    if not args.file or not args.systems:
+        raise PartitaError("report compare needs FILE and --systems a,b,... (or --candidates CSV)")
     try:
         from partita.planner import search  # noqa: F401
     except ImportError:
@@ -172,3 +181,25 @@ def _compare(args: argparse.Namespace) -> int:
                            "partita.reports.compare.compare_report(candidates)") from None
     raise PartitaError("report compare: the planner's search is present but not wired to the "
                        "report yet; call partita.reports.compare.compare_report(candidates)")
+
+
+def _compare_table(args: argparse.Namespace) -> int:
+    import pandas as pd
+
+    from partita.reports.compare import check_candidates, compare_report
+    path = Path(args.candidates)
+    if not path.is_file():
+        raise PartitaError(f"--candidates {path}: no such file")
+    try:
+        frame = pd.read_csv(path, keep_default_na=True)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as exc:
+        raise PartitaError(f"--candidates {path}: not a CSV table ({exc})") from None
+    try:
+        check_candidates(frame)
+    except PartitaError as exc:
+        raise PartitaError(f"--candidates {path}: {exc}") from None
+    frame["error"] = frame["error"].fillna("")
+    report = compare_report(frame, title=f"Instance comparison: {path.stem}",
+                            objective=args.objective, tokens=args.tokens,
+                            deadline_days=args.deadline_days)
+    return _finish(report, args)
