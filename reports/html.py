@@ -67,6 +67,7 @@ def write_report(report: Report, out_dir: str | Path) -> list[Path]:
     names = [f.name + ".png" for f in report.figures()] + [t.name + ".csv" for t in report.tables()]
     if len(set(names)) != len(names):
         raise ValueError(f"report {report.kind}: two files share a name in {sorted(names)}")
+    _refuse_foreign(out, report.kind, names + [f"{report.kind}.md", f"{report.kind}.html"])
     try:
         out.mkdir(parents=True, exist_ok=True)
         written = []
@@ -81,6 +82,21 @@ def write_report(report: Report, out_dir: str | Path) -> list[Path]:
     except OSError as exc:
         raise PartitaError(f"-o {out}: cannot write the report: {exc.strerror}") from None
     return written
+
+
+def _refuse_foreign(out: Path, kind: str, names: list[str]) -> None:
+    """Overwrite a file only where an earlier `partita report KIND` wrote this directory's page."""
+    existing = sorted(n for n in names if (out / n).exists())
+    if not existing:
+        return
+    page = out / f"{kind}.html"
+    try:
+        ours = page.is_file() and _GENERATOR.format(kind=kind) in page.read_text(errors="replace")
+    except OSError:
+        ours = False
+    if not ours:
+        raise PartitaError(f"-o {out}: would overwrite {', '.join(existing)}, not written by "
+                           f"partita report {kind}; choose another directory")
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -108,6 +124,8 @@ def _formatter(spec: str | None) -> Callable[[object], str]:
 
 # ---- HTML ----
 
+_GENERATOR = '<meta name="generator" content="partita report {kind}">'
+
 _CSS = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:2rem auto;max-width:1200px;
 padding:0 1rem;color:#222;line-height:1.45}
@@ -125,6 +143,7 @@ def to_html(report: Report) -> str:
     e = html.escape
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              '<meta name="viewport" content="width=device-width, initial-scale=1">',
+             _GENERATOR.format(kind=e(report.kind)),
              f"<title>{e(report.title)}</title><style>{_CSS}</style></head><body>",
              f"<h1>{e(report.title)}</h1>"]
     if report.subtitle:

@@ -197,3 +197,15 @@ def test_validate_with_every_row_skipped_lists_the_reasons(capsys, tmp_path):
     assert not list(out.glob("*.png"))
     skipped = pd.read_csv(out / "skipped.csv")
     assert len(skipped) == len(rows) - 1 and skipped["reason"].str.len().min() > 0
+
+
+def test_a_directory_holding_other_files_of_the_same_name_is_refused(capsys, tmp_path):
+    out = tmp_path / "m"
+    out.mkdir()
+    (out / "memory.csv").write_text("mine")
+    assert main(["report", "memory", "gpt2-xl-p3", "-o", str(out)]) == 1
+    assert "would overwrite memory.csv" in capsys.readouterr().err
+    assert (out / "memory.csv").read_text() == "mine"
+    (out / "memory.csv").unlink()
+    report(capsys, "memory", "gpt2-xl-p3", "-o", str(out))
+    report(capsys, "memory", "gpt2-xl-p3", "-o", str(out))      # its own page: rewritten
