@@ -22,7 +22,8 @@ KIND_COLOURS = {
     "backward-weight": "#C44E52",
     "recompute": "#937860",
     "in-layer comm": "#8172B3",          # TP / CP / ZeRO-3 collectives inside a block
-    "send/recv": "#55A868",
+    "send": "#2E8B57",                   # pipeline send (the transfer)
+    "recv": "#A8D5A2",                   # pipeline receive: the rank waits for its input
     "dp": "#DA8BC3",
     "optimizer": "#8C8C8C",
     "bubble": "#F2F2F2",

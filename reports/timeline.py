@@ -26,6 +26,7 @@ from partita.reports.html import FigureItem, Report, Section, TableItem
 _ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d+)$")
 IN_LAYER_PARTS = ("tp_comm", "cp_comm", "fsdp_comm")
 ROWS = ("compute", "p2p", "dp / optimizer")
+HALF_ROW = {"send": 0.42, "recv": 0.0}     # offset within the p2p row
 
 
 def chunk_of(name: str) -> int | None:
@@ -34,11 +35,11 @@ def chunk_of(name: str) -> int | None:
 
 
 def kind_of(span) -> str:
-    """The colour key of a span: forward, backward, backward-weight, send/recv, dp, optimizer."""
+    """The colour key of a span: forward, backward, backward-weight, send, recv, dp, optimizer."""
     if span.lane == "compute":
         return span.cat if span.cat in KIND_COLOURS else "forward"
     if span.lane in ("send", "recv"):
-        return "send/recv"
+        return span.lane
     if span.lane == "optimizer":
         return "optimizer"
     if span.lane in ("tp", "cp"):
@@ -116,8 +117,10 @@ def _draw_rank(ax, spans: Sequence, rank: int, base: float, scale: float,
             if share > 0:
                 overlay.append(((s.end_s - share) * scale, share * scale))
     for (row, k), bars in by_kind.items():
-        ax.broken_barh(bars, (base + (len(ROWS) - 1 - row) + 0.1, 0.8), facecolor=KIND_COLOURS[k],
-                       lw=0)
+        y, height = base + (len(ROWS) - 1 - row) + 0.1, 0.8
+        if k in HALF_ROW:                  # sends above receives: they overlap in time
+            y, height = y + HALF_ROW[k], 0.38
+        ax.broken_barh(bars, (y, height), facecolor=KIND_COLOURS[k], lw=0)
         used.add(k)
     if overlay:
         ax.broken_barh(overlay, (top, 0.8), facecolor=KIND_COLOURS["in-layer comm"], lw=0)
@@ -128,9 +131,9 @@ def _draw_rank(ax, spans: Sequence, rank: int, base: float, scale: float,
 def add_legend(fig, used: set[str]) -> None:
     """One legend below the figure for the kinds of work drawn."""
     order = [k for k in ("forward", "backward", "backward-input", "backward-weight",
-                         "in-layer comm", "send/recv", "dp", "optimizer", "bubble") if k in used]
+                         "in-layer comm", "send", "recv", "dp", "optimizer", "bubble") if k in used]
     names = {"in-layer comm": "TP/CP/ZeRO-3 collectives (in-layer)", "dp": "DP gradient reduction",
-             "send/recv": "PP send / receive", "bubble": "bubble (idle)",
+             "send": "PP send", "recv": "PP receive (waiting for input)", "bubble": "bubble (idle)",
              "backward-weight": "weight gradient", "backward-input": "backward (input)"}
     handles = [Patch(facecolor=KIND_COLOURS[k], edgecolor="#999999" if k == "bubble" else None,
                      hatch="//" if k == "bubble" else None, label=names.get(k, k)) for k in order]
@@ -149,7 +152,8 @@ def rank_table(spans: Sequence, ranks: Sequence[int], step_s: float) -> pd.DataF
             row[f"{k}_s"] = sum(s.end_s - s.start_s for s in mine
                                 if s.lane == "compute" and s.cat == k)
         row["bubble_s"] = sum(b - a for a, b in bubbles(spans, rank))
-        row["send_recv_s"] = sum(s.end_s - s.start_s for s in mine if s.lane in ("send", "recv"))
+        row["send_s"] = sum(s.end_s - s.start_s for s in mine if s.lane == "send")
+        row["recv_wait_s"] = sum(s.end_s - s.start_s for s in mine if s.lane == "recv")
         dp_end = max((s.end_s for s in mine if s.lane == "dp"), default=compute_end)
         row["exposed_dp_s"] = max(0.0, dp_end - compute_end)
         row["compute_end_s"] = compute_end
@@ -199,7 +203,7 @@ def timeline_report(scenario, result, *, stages: Sequence[int] | None = None) ->
                                                     f"{name}: the first {fill:.3g} s (pipeline fill)",
                                                     parts)))
     fmt = {c: ".4f" for c in ("forward_s", "backward_s", "backward-input_s", "backward-weight_s",
-                              "bubble_s", "send_recv_s", "exposed_dp_s", "compute_end_s")}
+                              "bubble_s", "send_s", "recv_wait_s", "exposed_dp_s", "compute_end_s")}
     return Report(kind="timeline", title=f"Timeline: {name}",
                   subtitle=f"{result.gpus} GPUs on {result.details.get('nodes', 1)} x "
                            f"{result.system}, TP {p.tensor} x PP {p.pipeline} x CP {p.context} x "
