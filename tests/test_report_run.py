@@ -77,3 +77,15 @@ def test_bad_run_directory(tmp_path, capsys, broken, message):
     assert main(["report", "run", str(d), "-o", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+def test_each_stage_is_drawn_from_its_tp0_dp0_rank():
+    from partita.reports.run import RunDir, stage_spans
+    # TP 2 x DP 2 x PP 2: world rank = tp + 2 * (dp + 2 * pp) (executor/plan.py), so stage 1's
+    # representative is rank 4; ranks 1-3 and 5-7 are other TP / DP members.
+    spans = [{"rank": r, "lane": "compute", "name": f"{r // 4}F0", "start_s": 0.0, "end_s": 1.0 + r,
+              "cat": "forward"} for r in range(8)]
+    run = RunDir(path=Path("."), result={"plan": {"tensor": 2, "data": 2, "pipeline": 2}},
+                 steps=({"step": 1, "spans": spans},))
+    got = stage_spans(run, run.steps[0])
+    assert [(s.rank, s.name, s.end_s) for s in got] == [(0, "0F0", 1.0), (1, "1F0", 5.0)]
