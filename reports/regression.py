@@ -67,10 +67,10 @@ def scenario_metrics(scenario, catalog, sweep: Sequence[int], *,
     r = simulate(scenario, catalog)
     out: dict[str, float | str] = {"step_time_s": r.step_time_s, "tokens_per_s": r.tokens_per_s,
                                    "peak_memory_gib": r.peak_memory_gib}
-    nodes0 = int(r.details.get("nodes", 1))
-    gpn = max(1, r.gpus // nodes0) if nodes0 else 1
-    if r.gpus < gpn * nodes0 or r.gpus % max(nodes0, 1):
-        return out                                   # a partial node: no node sweep
+    hw = catalog.resolve_cluster(scenario.cluster, origin=scenario.origin)
+    if hw.gpus % hw.system.gpus_per_node:
+        return out                   # part of one node: a node sweep would change the x1 point
+    nodes0 = hw.gpus // hw.system.gpus_per_node
     points = scaling_sweep(scenario, catalog, [nodes0 * k for k in sweep],
                            [scenario.parallel.grad_reduce], simulate=simulate)
     base = points[0].result

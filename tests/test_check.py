@@ -131,3 +131,15 @@ def test_refusals_touch_nothing(capsys, baseline, tmp_path):
     _, err = lines(capsys)
     assert [e.split(":")[0] for e in err if not e.startswith("check:")] == ["error"] * 3
     assert baseline.read_bytes() == before and not (tmp_path / "new.json").exists()
+
+
+def test_a_scenario_on_part_of_a_node_has_no_node_sweep(tmp_path, capsys):
+    import yaml
+    doc = yaml.safe_load(open("data/scenarios/gpt2-xl-p3.yaml"))
+    doc["cluster"] = {"system": "p3.16xlarge", "gpus": 4}
+    doc["parallel"]["data"] = 1
+    (tmp_path / "half.yaml").write_text(yaml.safe_dump(doc))
+    base = tmp_path / "b.json"
+    assert main(["check", str(base), "--record", str(tmp_path / "half.yaml")]) == 0
+    metrics = json.loads(base.read_text())["scenarios"]["gpt2-xl-p3"]["metrics"]
+    assert set(metrics) == {"step_time_s", "tokens_per_s", "peak_memory_gib"}
