@@ -114,7 +114,7 @@ def formatted(table: TableItem) -> pd.DataFrame:
 
 def _formatter(spec: str | None) -> Callable[[object], str]:
     def fmt(value: object) -> str:
-        if value is None or (isinstance(value, float) and value != value):
+        if value is None or (pd.api.types.is_scalar(value) and pd.isna(value)):
             return ""
         if spec and isinstance(value, (int, float)) and not isinstance(value, bool):
             return format(value, spec)

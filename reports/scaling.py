@@ -128,7 +128,8 @@ def scaling_table(points: Sequence[ScalingPoint]) -> pd.DataFrame:
                        peak_memory_gib=r.peak_memory_gib,
                        scaling_efficiency=r.tokens_per_s / (tps0 * pt.nodes / n0))
         rows.append(row)
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    return frame.astype({"gpus": "Int64", "data": "Int64", "global_batch": "Int64"})
 
 
 FORMATS = {"step_time_s": ".4f", "tokens_per_s": ".1f", "mfu": ".3f", "dp_comm_s": ".4f",

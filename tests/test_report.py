@@ -209,3 +209,13 @@ def test_a_directory_holding_other_files_of_the_same_name_is_refused(capsys, tmp
     (out / "memory.csv").unlink()
     report(capsys, "memory", "gpt2-xl-p3", "-o", str(out))
     report(capsys, "memory", "gpt2-xl-p3", "-o", str(out))      # its own page: rewritten
+
+
+def test_scaling_fixed_batch_keeps_the_global_batch(capsys, tmp_path):
+    out = tmp_path / "s"
+    report(capsys, "scaling", "gpt2-xl-p3", "--nodes", "1,2,64", "--grad-reduce", "ring",
+           "--fixed-batch", "-o", str(out))
+    frame = pd.read_csv(out / "scaling.csv", keep_default_na=False)
+    assert list(frame["global_batch"][:2]) == ["64", "64"] and list(frame["data"][:2]) == ["2", "4"]
+    # 64 nodes: data 128 x micro-batch 2 > 64 sequences, listed with the reason
+    assert "not a multiple of micro-batch 2 x data 128" in frame["error"].iloc[2]
