@@ -27,7 +27,8 @@ from partita.executor.measure import StepRecorder, summarize, write_outputs
 from partita.executor.parallel import (TiedGradients, apply_data_parallel, apply_tensor_parallel,
                                average_gradients, build_mesh)
 from partita.executor.plan import TORCH_SCHEDULES, ExecPlan, execution_plan
-from partita.executor.stages import Chunk, build_chunks
+from partita.executor.precision import LossScaler
+from partita.executor.stages import Chunk, build_chunks, build_module_chain
 from partita.planner.scenario import Scenario, load_scenario
 
 SGD_MOMENTUM = 0.9
@@ -59,7 +60,7 @@ class RankRun:
         mesh = build_mesh(self.plan, self.device.type)
         stages = self.plan.stages_of(self.me.pp)
         self.chunks, groups, self.loss_fn = build_chunks(
-            self.plan, self.scenario.model.resolve(), stages, self.device, job.seed)
+            self.plan, self.scenario.model, stages, self.device, job.seed)
         for chunk in self.chunks:
             if self.plan.tensor > 1:
                 apply_tensor_parallel(chunk, mesh["tp"])
@@ -69,7 +70,8 @@ class RankRun:
         self.tied = TiedGradients(self.plan, groups, rank)
         self.pipe = [pipeline_stage(chunk, self.plan, self.device, mesh["pp"].get_group())
                      for chunk in self.chunks]
-        self.schedule = make_schedule(self.plan, self.pipe, self.loss_fn)
+        self.scaler = LossScaler(self.plan.precision)
+        self.schedule = make_schedule(self.plan, self.pipe, self.scaler.scaled(self.loss_fn))
         self.params = [p for chunk in self.chunks for p in chunk.parameters()]
         self.optimizer = make_optimizer(self.plan.optimizer, self.params, job.lr)
         self.fault = _fault_hook()
@@ -97,20 +99,30 @@ class RankRun:
         if self.tied.entries:
             with self.recorder.span("dp", "tied-allreduce", "comm"):
                 self.tied.sync(self.chunks)
+        scale = self.scaler.scale
+        found_inf = self.scaler.unscale(_local_grads(self.params), self.device)
         self.fault(step, "optimizer")
         with self.recorder.span("optimizer", "optimizer", "optimizer"):
-            self.optimizer.step()
+            if not found_inf:
+                self.optimizer.step()
+        self.scaler.update(found_inf)
         self.recorder.end_step()
-        return self._global_loss(losses)
+        return self._global_loss(losses, scale)
 
-    def _global_loss(self, losses: list[torch.Tensor]) -> float:
+    def _global_loss(self, losses: list[torch.Tensor], scale: float = 1.0) -> float:
         """Mean micro-batch loss over all replicas (summed over ranks: others add 0)."""
         mine = 0.0
         if self.last and self.me.tp == 0:
-            mine = sum(float(l.detach()) for l in losses) / len(losses) / self.plan.data
+            mine = sum(float(l.detach()) for l in losses) / len(losses) / self.plan.data / scale
         total = torch.tensor([mine], dtype=torch.float64, device=self.device)
         dist.all_reduce(total)
         return float(total.item())
+
+
+def _local_grads(params: list[nn.Parameter]) -> list[torch.Tensor]:
+    """The local shards of the gradients (DTensor or plain), to unscale in place."""
+    return [g.to_local() if hasattr(g, "to_local") else g
+            for g in (p.grad for p in params) if g is not None]
 
 
 def pipeline_stage(chunk: Chunk, plan: ExecPlan, device: torch.device, group):
@@ -214,12 +226,20 @@ def _finish(run: RankRun, records: list, losses: list[float], weights) -> None:
 def reference_run(scenario: Scenario, *, steps: int, seed: int = 0, lr: float = 1e-3,
                   data: str | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The same training in one process, without any parallelism: (losses, final weights)."""
-    from partita.planner.models import build_model
     plan = execution_plan(scenario, scenario.parallel.gpus)
-    model = build_model(scenario.model.resolve(), seed=seed)
-    chunk = Chunk(0, model.pipeline_layers(), model.layer_names(), recompute=plan.recompute,
-                  precision=plan.precision, device_type="cpu")
+    if plan.module is not None:
+        names, layers, loss_fn = build_module_chain(scenario.model, torch.device("cpu"), seed)
+        chunk = Chunk(0, layers, names, recompute=plan.recompute, precision=plan.precision,
+                      device_type="cpu", plain=(names[0],))
+    else:
+        from partita.planner.models import build_model
+        model = build_model(scenario.model.resolve(), seed=seed)
+        loss_fn = model.loss
+        chunk = Chunk(0, model.pipeline_layers(), model.layer_names(), recompute=plan.recompute,
+                      precision=plan.precision, device_type="cpu")
     optimizer = make_optimizer(plan.optimizer, list(chunk.parameters()), lr)
+    scaler = LossScaler(plan.precision)
+    scaled_loss = scaler.scaled(loss_fn)
     stream = TokenStream(DataSpec(plan.arch, plan.seq_len, plan.vocab, seed, data))
     n = plan.global_batch // plan.micro_batch
     losses = []
@@ -229,13 +249,17 @@ def reference_run(scenario: Scenario, *, steps: int, seed: int = 0, lr: float = 
         for k in range(n):
             ids, targets = (torch.from_numpy(a) for a in
                             stream.batch(step * plan.global_batch + k * plan.micro_batch, plan.micro_batch))
-            loss = model.loss(chunk(ids), targets)
+            loss = scaled_loss(chunk(ids), targets)
             loss.backward()
-            total += float(loss.detach())
+            total += float(loss.detach()) / scaler.scale
         for p in chunk.parameters():
             if p.grad is not None:
                 p.grad.div_(n)
-        optimizer.step()
+        found_inf = scaler.unscale([p.grad for p in chunk.parameters() if p.grad is not None],
+                                   torch.device("cpu"))
+        if not found_inf:
+            optimizer.step()
+        scaler.update(found_inf)
         losses.append(total / n)
     weights = {name: p.detach().clone()
                for name, p in chunk.named_parameters(remove_duplicate=False)}
