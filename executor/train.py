@@ -216,6 +216,8 @@ def _finish(run: RankRun, records: list, losses: list[float], weights) -> None:
         "lr": run.job.lr, "data": run.job.data or "synthetic", "torch": torch.__version__,
         "out_dir": str(out), "notes": run.plan.notes(),
     }
+    if run.scaler.enabled:
+        result["loss_scale"] = run.scaler.state_dict()
     if summary.steps:
         write_outputs(out, summary, {"scenario": result["scenario"]})
     if weights is not None:
