@@ -24,8 +24,9 @@ from torch import nn
 from partita.executor.data import DataSpec, TokenStream, replica_samples
 from partita.executor.launch import RESULT_FILE, Job
 from partita.executor.measure import StepRecorder, summarize, write_outputs
-from partita.executor.parallel import (TiedGradients, apply_data_parallel, apply_tensor_parallel,
-                               average_gradients, build_mesh)
+from partita.executor.parallel import (TiedGradients, apply_data_parallel,
+                                       apply_sequence_parallel, apply_tensor_parallel,
+                                       average_gradients, build_mesh)
 from partita.executor.plan import TORCH_SCHEDULES, ExecPlan, execution_plan
 from partita.executor.precision import LossScaler
 from partita.executor.stages import Chunk, build_chunks, build_module_chain
@@ -62,7 +63,9 @@ class RankRun:
         self.chunks, groups, self.loss_fn = build_chunks(
             self.plan, self.scenario.model, stages, self.device, job.seed)
         for chunk in self.chunks:
-            if self.plan.tensor > 1:
+            if self.plan.sequence_parallel:
+                apply_sequence_parallel(chunk, mesh["tp"])
+            elif self.plan.tensor > 1:
                 apply_tensor_parallel(chunk, mesh["tp"])
             if self.plan.data > 1:
                 apply_data_parallel(chunk, mesh["dp"], self.plan.data_parallel)
@@ -94,10 +97,11 @@ class RankRun:
         kwargs = {"target": targets, "losses": losses} if self.last else {}
         self.schedule.step(*((ids,) if self.first else ()), **kwargs)
         if self.plan.data_parallel == "all-reduce":
-            with self.recorder.span("dp", "dp-allreduce", "comm"):
-                average_gradients(self.params, self.dp_group, self.plan.data)
+            for chunk in self.chunks:      # one span per chunk, named as the simulator's
+                with self.recorder.span("dp", f"{chunk.stage}REDUCE_GRAD", "comm"):
+                    average_gradients(list(chunk.parameters()), self.dp_group, self.plan.data)
         if self.tied.entries:
-            with self.recorder.span("dp", "tied-allreduce", "comm"):
+            with self.recorder.span("tied", "TIED_ALLREDUCE", "comm"):
                 self.tied.sync(self.chunks)
         scale = self.scaler.scale
         found_inf = self.scaler.unscale(_local_grads(self.params), self.device)
