@@ -30,6 +30,13 @@ TORCH_SCHEDULES = {
     "interleaved-1f1b": "ScheduleInterleaved1F1B",
     "zero-bubble": "ScheduleInterleavedZeroBubble",   # ZB1P (Qi et al. 2023), one chunk per rank: ZB-H1
 }
+# Why context parallelism is refused (checked on torch 2.13, 2 gloo processes; see
+# tests/test_executor_context.py).
+CP_WHY = ("On CPU (gloo) torch's context-parallel attention cannot run: context_parallel shards "
+          "only the CUDA flash, memory-efficient and cuDNN attention kernels, and CPU attention "
+          "(aten._scaled_dot_product_flash_attention_for_cpu) has no sharding strategy. On CUDA, "
+          "planner.models derive positions (learned position ids, rotary tables) from the local "
+          "sequence length, which sequence sharding would make wrong")
 EXECUTED_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 
@@ -191,8 +198,8 @@ def _check_executable(s: Scenario, dims, where: str) -> None:
     """What the executor (not the scenario format) cannot do, each with what to change."""
     p, t = s.parallel, s.training
     if p.context > 1:
-        raise PartitaError(f"{where}parallel.context: partita run does not execute context "
-                           f"parallelism (got {p.context}; valid: 1); fold it into data or tensor")
+        raise PartitaError(f"{where}parallel.context = {p.context}: partita run does not execute "
+                           f"context parallelism (valid: 1); fold it into data or tensor. {CP_WHY}")
     if t.precision not in EXECUTED_PRECISIONS:
         raise PartitaError(f"{where}training.precision {t.precision}: partita run executes "
                            f"{', '.join(EXECUTED_PRECISIONS)} (fp8 needs Transformer Engine); "

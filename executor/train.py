@@ -23,7 +23,7 @@ from torch import nn
 
 from partita.executor.data import DataSpec, TokenStream, replica_samples
 from partita.executor.launch import RESULT_FILE, Job
-from partita.executor.measure import StepRecorder, summarize, write_outputs
+from partita.executor.measure import StepRecorder, memory_report, summarize, write_outputs
 from partita.executor.parallel import (TiedGradients, apply_data_parallel,
                                        apply_sequence_parallel, apply_tensor_parallel,
                                        average_gradients, build_mesh)
@@ -219,6 +219,9 @@ def _finish(run: RankRun, records: list, losses: list[float], weights) -> None:
         "peak_memory_bytes": list(summary.peak_memory_bytes), "seed": run.job.seed,
         "lr": run.job.lr, "data": run.job.data or "synthetic", "torch": torch.__version__,
         "out_dir": str(out), "notes": run.plan.notes(),
+        "memory": memory_report(summary, run.device.type,
+                                [run.plan.coords(r).pp for r in range(run.plan.world)],
+                                run.job.predicted_memory_bytes),
     }
     if run.scaler.enabled:
         result["loss_scale"] = run.scaler.state_dict()
