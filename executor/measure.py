@@ -288,9 +288,11 @@ def format_memory(memory: dict[str, Any] | None) -> list[str]:
     lines = [f"  {'rank':>5}  {'stage':>5}  {'peak alloc GiB':>14}  {'reserved GiB':>12}  "
              f"{'predicted GiB':>13}"]
     for r in memory["ranks"]:
-        pred = f"{r['predicted_bytes'] / gib:13.2f}" if r["predicted_bytes"] is not None else f"{'none':>13}"
-        lines.append(f"  {r['rank']:>5}  {r['pipeline_rank']:>5}  {r['peak_allocated_bytes'] / gib:14.2f}  "
-                     f"{r['peak_reserved_bytes'] / gib:12.2f}  {pred}")
+        pred = r["predicted_bytes"]
+        pred_text = f"{pred / gib:13.2f}" if pred is not None else f"{'none':>13}"
+        lines.append(f"  {r['rank']:>5}  {r['pipeline_rank']:>5}  "
+                     f"{r['peak_allocated_bytes'] / gib:14.2f}  "
+                     f"{r['peak_reserved_bytes'] / gib:12.2f}  {pred_text}")
     return lines
 
 

@@ -80,7 +80,8 @@ def apply_sequence_parallel(chunk: Chunk, tp_mesh: DeviceMesh) -> None:
                                                    SequenceParallel, parallelize_module)
     for name, layer in zip(chunk.names, chunk.layers):
         if name == "embedding":
-            layer.register_forward_hook(lambda m, args, out: _redistribute(out, tp_mesh, Replicate(), Shard(1)))
+            layer.register_forward_hook(
+                lambda m, args, out: _redistribute(out, tp_mesh, Replicate(), Shard(1)))
             continue
         if name == "head":
             layer.register_forward_pre_hook(
