@@ -127,7 +127,9 @@ class StepRecorder:
         import torch.distributed.pipelining.schedules as schedules
         if getattr(schedules._batch_p2p, "partita_recorder", None) is self:
             return
-        post, wait = schedules._batch_p2p, schedules._wait_batch_p2p
+        # torch's own functions, also when an earlier recorder of this process patched them
+        post = getattr(schedules._batch_p2p, "partita_original", schedules._batch_p2p)
+        wait = getattr(schedules._wait_batch_p2p, "partita_original", schedules._wait_batch_p2p)
         posted: dict[int, tuple[list, Any, list[str]]] = {}
 
         def batch_p2p(p2p_ops, desc=None):
@@ -151,6 +153,7 @@ class StepRecorder:
                         self._open.append(("send", name, "comm", entry[1], end))
 
         batch_p2p.partita_recorder = self
+        batch_p2p.partita_original, wait_batch_p2p.partita_original = post, wait
         schedules._batch_p2p, schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
 
     def _wrap(self, stage, method: str, label: Callable[[dict], tuple[str, str]],

@@ -71,4 +71,10 @@ class LossScaler:
             self.clean_steps = 0
 
     def state_dict(self) -> dict:
+        """What a checkpoint keeps, so that a resumed fp16 run scales as the uninterrupted one."""
         return {"scale": self.scale, "clean_steps": self.clean_steps, "skipped": self.skipped}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.scale = float(state["scale"])
+        self.clean_steps = int(state["clean_steps"])
+        self.skipped = int(state["skipped"])

@@ -174,7 +174,9 @@ def _resume(run: RankRun) -> int:
     step = latest_checkpoint(run.job.checkpoint_dir, fingerprint=plan_fingerprint(run.scenario))
     if step is None:
         return 0
-    load_checkpoint(run.job.checkpoint_dir, step, run.chunks, run.optimizer)
+    extra = load_checkpoint(run.job.checkpoint_dir, step, run.chunks, run.optimizer)
+    if "loss_scale" in extra:
+        run.scaler.load_state_dict(extra["loss_scale"])
     return step
 
 
@@ -182,7 +184,8 @@ def _save(run: RankRun, step: int) -> None:
     from partita.executor.checkpoint import plan_fingerprint, save_checkpoint
     save_checkpoint(run.job.checkpoint_dir, step, run.chunks, run.optimizer,
                     fingerprint=plan_fingerprint(run.scenario),
-                    extra={"step": step, "seed": run.job.seed, "data": run.job.data})
+                    extra={"step": step, "seed": run.job.seed, "data": run.job.data,
+                           "loss_scale": run.scaler.state_dict()})
 
 
 def _gather(obj, rank: int) -> list | None:
