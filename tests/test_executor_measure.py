@@ -95,3 +95,28 @@ def test_measured_trace_lines_up_with_the_simulated_one(tmp_path, capsys, monkey
     assert names(measured, "tied") == {(0, "TIED_ALLREDUCE"), (1, "TIED_ALLREDUCE")}
     for s in measured:
         assert 0 <= s.start_s <= s.end_s
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+def test_cuda_run_measures_peak_allocated_and_reserved_memory_per_rank(tmp_path, capsys,
+                                                                     monkeypatch):
+    """One NCCL process on one GPU: its peaks are measured, reserved >= allocated > the weights."""
+    import json
+
+    import yaml
+
+    from partita.cli import main
+    from partita.planner.paths import SCENARIOS_DIR
+    monkeypatch.setenv("PARTITA_HOME", str(tmp_path / "home"))
+    doc = yaml.safe_load((SCENARIOS_DIR / "tiny-gpt-pp2.yaml").read_text())
+    doc["cluster"]["gpus"] = 1
+    doc["parallel"].update(pipeline=1)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(doc))
+    assert main(["run", str(tmp_path / "s.yaml"), "--backend", "nccl", "--steps", "2", "--json",
+                 "--out", str(tmp_path / "out")]) == 0
+    memory = json.loads(capsys.readouterr().out)["memory"]
+    assert memory["measured"] and memory["note"] is None
+    (rank,) = memory["ranks"]
+    weights = 4 * (128 * 32 + 16 * 32)           # fp32 token and position tables alone
+    assert rank["peak_reserved_bytes"] >= rank["peak_allocated_bytes"] > weights
