@@ -162,9 +162,32 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
 
 
 def module_layer_names(scenario: Scenario) -> list[str]:
-    """The layer chain of a `module:` model, built on the meta device (imports torch)."""
+    """The layer chain of a `module:` model, built on the meta device (imports torch). Without a
+    `loss(output, targets)` of its own, the chain must turn (B, S) token ids into (B, S, vocab)
+    logits: one micro-batch runs through it on the meta device to check, layer by layer."""
+    import torch
     from partita.planner.models import build_from_spec, layer_chain
-    return [name for name, _ in layer_chain(build_from_spec(scenario.model, device="meta"))]
+    m, where = scenario.model, f"{scenario.origin}: " if scenario.origin else ""
+    model = build_from_spec(m, device="meta")
+    chain = layer_chain(model)
+    if callable(getattr(model, "loss", None)):
+        return [name for name, _ in chain]
+    x = torch.zeros((scenario.training.micro_batch, m.seq_len), dtype=torch.long, device="meta")
+    for name, layer in chain:
+        try:
+            x = layer(x)
+        except Exception as exc:  # the user's code: one line naming the layer
+            raise PartitaError(f"{where}model.module: layer {name!r} ({type(layer).__name__}) "
+                               f"failed on the meta device: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(x, torch.Tensor):
+            raise PartitaError(f"{where}model.module: layer {name!r} returned "
+                               f"{type(x).__name__}; pipeline layers pass one tensor on")
+    want = (scenario.training.micro_batch, m.seq_len, m.vocab)
+    if tuple(x.shape) != want:
+        raise PartitaError(f"{where}model.module: {m.module} maps token ids (B, S) = "
+                           f"{want[:2]} to {tuple(x.shape)}, expected logits (B, S, vocab) = "
+                           f"{want}; or give the module a loss(output, targets) method")
+    return [name for name, _ in chain]
 
 
 def _module_plan(scenario: Scenario, gpus: int, where: str) -> ExecPlan:

@@ -57,6 +57,12 @@ class Listed(nn.Module):
 
 def listed():
     return Listed()
+
+def wrong_vocab():
+    return nn.Sequential(nn.Embedding(64, 16), nn.Linear(16, 10))
+
+def breaks():
+    return nn.Sequential(nn.Embedding(64, 16), nn.Linear(8, 64))
 '''
 
 
@@ -93,11 +99,14 @@ def test_a_module_is_split_by_its_layer_chain(toy):
     ({"tensor": 2, "data": 1}, "parallel.tensor = 2: a model given as model.module has no known"),
     ({"stages": [[0, 2], [2, 6]]}, "the module's layers: 0, 1, 2, 3, 4"),
     ({"pipeline": 6, "data": 1, "gpus": 6}, "exceeds the module's 5 layers"),
+    ({"fn": "wrong_vocab"}, r"to \(2, 8, 10\), expected logits \(B, S, vocab\) = \(2, 8, 64\)"),
+    ({"fn": "breaks"}, "layer '1' \\(Linear\\) failed on the meta device: RuntimeError"),
 ])
 def test_module_plans_that_cannot_run(toy, parallel, message):
     gpus = parallel.pop("gpus", 4)
+    fn = parallel.pop("fn", "tied_lm")
     with pytest.raises(PartitaError, match=message):
-        execution_plan(load_scenario(toy(gpus=gpus, **parallel)), gpus)
+        execution_plan(load_scenario(toy(fn, gpus=gpus, **parallel)), gpus)
 
 
 @pytest.mark.slow
