@@ -10,7 +10,7 @@ Step i uses samples [i * GB, (i + 1) * GB); data-parallel rank d of D takes
 [i * GB + d * GB / D, i * GB + (d + 1) * GB / D) and cuts it into micro-batches in order.
 
 How a window becomes (inputs, targets) depends on the architecture (as planner.models' sample_batch):
-gpt / llama next-token prediction on seq_len + 1 tokens; bert masked-LM on seq_len tokens (15% of
+gpt / llama / a `module:` model next-token prediction on seq_len + 1 tokens; bert masked-LM on seq_len tokens (15% of
 positions replaced by random tokens, Devlin et al. 2019 Sec. 3.1); t5 seq_len source tokens followed
 by seq_len target tokens (decoder input = targets shifted right behind token 0).
 """
@@ -39,8 +39,8 @@ class DataSpec:
     @property
     def window(self) -> int:
         """Tokens per sample."""
-        return {"gpt": self.seq_len + 1, "llama": self.seq_len + 1, "bert": self.seq_len,
-                "t5": 2 * self.seq_len}[self.arch]
+        return {"gpt": self.seq_len + 1, "llama": self.seq_len + 1, "module": self.seq_len + 1,
+                "bert": self.seq_len, "t5": 2 * self.seq_len}[self.arch]
 
 
 def open_tokens(path: str | Path) -> np.ndarray:
@@ -102,7 +102,7 @@ class TokenStream:
 
     def _example(self, k: int) -> tuple[np.ndarray, np.ndarray]:
         tokens, s, arch = self.sample(k), self.spec.seq_len, self.spec.arch
-        if arch in ("gpt", "llama"):
+        if arch in ("gpt", "llama", "module"):
             return tokens[:-1], tokens[1:]
         if arch == "bert":
             rng = np.random.default_rng([self.spec.seed, k, 1])

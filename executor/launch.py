@@ -49,6 +49,7 @@ class Job:
     resume: bool = False
     save_weights: str | None = None
     predicted_step_time_s: float | None = None
+    predicted_memory_bytes: list[int] | None = None   # the simulator's, per pipeline stage (rank)
     error_dir: str = ""
 
     def to_json(self) -> str:

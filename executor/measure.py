@@ -8,6 +8,17 @@ halves of a zero-bubble backward. Waiting for a peer's activation is outside the
 idle time is the gaps between them. Times are seconds from the start of the step, which every rank
 enters through a barrier. On CUDA the spans are CUDA events, read once at the end of the step.
 
+Pipeline communication gets spans with the simulator's names and lanes (simulator/pipeline.py):
+on the "recv" lane, "2RECV_F0" is the time stage 2 waited for micro-batch 0's activation and
+"2RECV_B0" for its gradient, from the start to the end of the schedule's wait; on the "send" lane,
+"1SEND_F0" is stage 1's send of that activation and "2SEND_B0" stage 2's send of the gradient,
+from posting the send to the end of the wait that saw it complete (torch offers no completion
+time of its own, so a send span is an upper bound of its transfer). The ops are named where each
+stage makes them (get_fwd_send_ops, ...) and timed where every schedule posts and waits for them
+(torch.distributed.pipelining.schedules._batch_p2p / _wait_batch_p2p). The gradient reduction of
+parameters tied across pipeline ranks has its own "tied" lane ("TIED_ALLREDUCE"), the
+data-parallel reduction the "dp" lane, the optimizer the "optimizer" lane.
+
 `summarize` and `write_outputs` turn every rank's records into metrics.jsonl (one line per step),
 and trace.json (the last step, as simulator.trace writes a simulated one).
 """
@@ -36,7 +47,8 @@ class StepRecord:
     step: int                      # 1-based
     wall_s: float
     spans: tuple[Span, ...]
-    peak_memory_bytes: int | None  # CUDA only
+    peak_memory_bytes: int | None  # CUDA only: torch.cuda.max_memory_allocated over the step
+    peak_reserved_bytes: int | None = None   # CUDA only: max_memory_reserved (the caching allocator)
 
 
 class _CpuClock:
@@ -94,6 +106,55 @@ class StepRecorder:
         self._wrap(stage, "backward_weight_one_chunk",
                    lambda a: (f"{sid}W{a['bwd_chunk_id']}", "backward-weight"))
         self._wrap(stage, "perform_reduce_grad", lambda a: (f"{sid}REDUCE_GRAD", "comm"), lane="dp")
+        for method, kind in (("get_fwd_send_ops", "SEND_F"), ("get_bwd_send_ops", "SEND_B"),
+                             ("get_fwd_recv_ops", "RECV_F"), ("get_bwd_recv_ops", "RECV_B")):
+            self._name_ops(stage, method, f"{sid}{kind}")
+        self._patch_p2p()
+
+    def _name_ops(self, stage, method: str, prefix: str) -> None:
+        original = getattr(stage, method)
+
+        def named(chunk_id, *args, **kwargs):
+            ops = original(chunk_id, *args, **kwargs)
+            for op in ops:
+                op.partita_name = f"{prefix}{chunk_id}"
+            return ops
+
+        setattr(stage, method, named)
+
+    def _patch_p2p(self) -> None:
+        """Time every schedule's posting of and waiting for the named P2P ops (once per process)."""
+        import torch.distributed.pipelining.schedules as schedules
+        if getattr(schedules._batch_p2p, "partita_recorder", None) is self:
+            return
+        # torch's own functions, also when an earlier recorder of this process patched them
+        post = getattr(schedules._batch_p2p, "partita_original", schedules._batch_p2p)
+        wait = getattr(schedules._wait_batch_p2p, "partita_original", schedules._wait_batch_p2p)
+        posted: dict[int, tuple[list, Any, list[str]]] = {}
+
+        def batch_p2p(p2p_ops, desc=None):
+            start = self.clock.mark()
+            works = post(p2p_ops, desc=desc)
+            names = [n for n in (getattr(op, "partita_name", None) for op in p2p_ops) if n]
+            if names:
+                posted[id(works)] = (works, start, names)
+            return works
+
+        def wait_batch_p2p(works):
+            entry = posted.pop(id(works), None)
+            start = self.clock.mark()
+            wait(works)
+            if entry is not None:
+                end = self.clock.mark()
+                for name in entry[2]:
+                    if "RECV" in name:
+                        self._open.append(("recv", name, "comm", start, end))
+                    else:
+                        self._open.append(("send", name, "comm", entry[1], end))
+
+        batch_p2p.partita_recorder = self
+        batch_p2p.partita_original, wait_batch_p2p.partita_original = post, wait
+        schedules._batch_p2p, schedules._wait_batch_p2p = batch_p2p, wait_batch_p2p
 
     def _wrap(self, stage, method: str, label: Callable[[dict], tuple[str, str]],
               lane: str = "compute") -> None:
@@ -134,8 +195,9 @@ class StepRecorder:
                            end_s=self.clock.seconds(self._start, b))
                       for lane, name, cat, a, b in self._open)
         peak = int(self.torch.cuda.max_memory_allocated()) if self.cuda else None
+        reserved = int(self.torch.cuda.max_memory_reserved()) if self.cuda else None
         record = StepRecord(rank=self.rank, step=self.step, wall_s=wall, spans=spans,
-                            peak_memory_bytes=peak)
+                            peak_memory_bytes=peak, peak_reserved_bytes=reserved)
         self.records.append(record)
         return record
 
@@ -150,6 +212,7 @@ class RunSummary:
     warmup_steps: int
     peak_memory_bytes: tuple[int | None, ...]   # per rank, over all steps (CUDA only)
     step_peak_memory_bytes: tuple[int | None, ...] = ()   # per step, the largest over ranks
+    peak_reserved_bytes: tuple[int | None, ...] = ()      # per rank, over all steps (CUDA only)
     spans: dict[int, tuple[Span, ...]] = field(default_factory=dict)   # step -> spans of all ranks
 
     @property
@@ -171,17 +234,69 @@ def summarize(per_rank: list[list[StepRecord]], losses: list[float], tokens_per_
     steps = tuple(r.step for r in per_rank[0])
     times = tuple(max(records[i].wall_s for records in per_rank) for i in range(len(steps)))
     peaks = tuple(_largest(r.peak_memory_bytes for r in records) for records in per_rank)
+    reserved = tuple(_largest(r.peak_reserved_bytes for r in records) for records in per_rank)
     step_peaks = tuple(_largest(records[i].peak_memory_bytes for records in per_rank)
                        for i in range(len(steps)))
     spans = {step: tuple(s for records in per_rank for s in records[i].spans)
              for i, step in enumerate(steps)}
     return RunSummary(steps=steps, step_times_s=times, losses=tuple(losses),
                       tokens_per_step=tokens_per_step, warmup_steps=1 if len(steps) > 1 else 0,
-                      peak_memory_bytes=peaks, step_peak_memory_bytes=step_peaks, spans=spans)
+                      peak_memory_bytes=peaks, step_peak_memory_bytes=step_peaks, spans=spans,
+                      peak_reserved_bytes=reserved)
 
 
 def _largest(values) -> int | None:
     return max((v for v in values if v is not None), default=None)
+
+
+CPU_MEMORY_NOTE = ("memory not measured: torch tracks peak allocations on CUDA only, and a CPU "
+                   "process's resident size would count the interpreter and libraries too")
+
+
+def memory_report(summary: RunSummary, device_type: str, pipeline_rank: list[int],
+                  predicted: list[int] | None) -> dict[str, Any]:
+    """result.json's "memory": per rank, the measured peaks (CUDA) next to the simulator's
+    prediction for the rank's pipeline stage (None when the run had no prediction)."""
+    measured = device_type == "cuda"
+    ranks = []
+    for rank, pp in enumerate(pipeline_rank):
+        ranks.append({
+            "rank": rank, "pipeline_rank": pp,
+            "peak_allocated_bytes": summary.peak_memory_bytes[rank] if measured else None,
+            "peak_reserved_bytes": summary.peak_reserved_bytes[rank] if measured else None,
+            "predicted_bytes": predicted[pp] if predicted else None})
+    return {"measured": measured, "note": None if measured else CPU_MEMORY_NOTE, "ranks": ranks}
+
+
+def predicted_stage_memory(result) -> list[int] | None:
+    """The simulator's memory of each pipeline rank (SimResult.details["stage_memory_bytes"]:
+    one dict of bytes by kind per rank), summed; None if this simulator does not report it."""
+    stages = result.details.get("stage_memory_bytes")
+    return None if stages is None else [int(sum(kinds.values())) for kinds in stages]
+
+
+def format_memory(memory: dict[str, Any] | None) -> list[str]:
+    """The run table's memory lines."""
+    if not memory:
+        return []
+    gib = 2 ** 30
+    predicted = any(r["predicted_bytes"] is not None for r in memory["ranks"])
+    if not memory["measured"]:
+        lines = [f"  {memory['note']}"]
+        if predicted:
+            per_stage = sorted({(r["pipeline_rank"], r["predicted_bytes"]) for r in memory["ranks"]})
+            lines.append("  predicted memory per stage: " + ", ".join(
+                f"stage {pp} {b / gib:.2f} GiB" for pp, b in per_stage))
+        return lines
+    lines = [f"  {'rank':>5}  {'stage':>5}  {'peak alloc GiB':>14}  {'reserved GiB':>12}  "
+             f"{'predicted GiB':>13}"]
+    for r in memory["ranks"]:
+        pred = r["predicted_bytes"]
+        pred_text = f"{pred / gib:13.2f}" if pred is not None else f"{'none':>13}"
+        lines.append(f"  {r['rank']:>5}  {r['pipeline_rank']:>5}  "
+                     f"{r['peak_allocated_bytes'] / gib:14.2f}  "
+                     f"{r['peak_reserved_bytes'] / gib:12.2f}  {pred_text}")
+    return lines
 
 
 def step_lines(summary: RunSummary) -> list[dict[str, Any]]:

@@ -7,6 +7,16 @@ gate projections and RowwiseParallel on the attention output and down projection
 so each rank holds heads/tp attention heads and ffn/tp MLP columns and one all-reduce closes each
 sub-block. T5's relative position bias table is split by heads with its attention.
 
+Sequence parallelism (Korthikanti et al. 2022, Sec. 4.2.2) on top of it: between the tensor-parallel
+regions every rank holds seq_len/tp positions of the activations. torch's styles, as torchtitan
+composes them (torchtitan/models/llama3/infra/parallelize.py): SequenceParallel on every norm, the
+attention and MLP gather their input (Shard(1) -> Replicate, an all-gather) and their row-parallel
+output projection reduce-scatters (output Shard(1)) instead of all-reducing. Each block runs on a
+Shard(1) DTensor (so `x.shape[1]` is the whole sequence, as rotary tables need) and hands its
+neighbours the local (B, S/tp, H) shard, which is also what crosses a pipeline-stage boundary. The
+embedding output is cut to the rank's positions and the head gathers them back, so both stay
+replicated.
+
 Data parallelism, by ZeRO stage (Rajbhandari et al. 2020):
 - 0: parameters and optimizer replicated; after the pipeline step the gradients are averaged over
   the data group in flat buckets (`average_gradients`), as DDP would, but outside the schedule.
@@ -56,6 +66,52 @@ def apply_tensor_parallel(chunk: Chunk, tp_mesh: DeviceMesh) -> None:
             style = ColwiseParallel() if leaf in COLWISE else RowwiseParallel()
             parallelize_module(module, tp_mesh, style)
             done.add(id(module))
+
+
+NORMS = (nn.LayerNorm,)          # and every module named *norm (RMSNorm of planner.models)
+SUBLAYERS = ("attn", "cross_attn", "mlp")   # modules whose input the projections need whole
+
+
+def apply_sequence_parallel(chunk: Chunk, tp_mesh: DeviceMesh) -> None:
+    """Tensor parallelism with sequence-sharded activations on every layer of the chunk."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput,
+                                                   PrepareModuleInputOutput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    for name, layer in zip(chunk.names, chunk.layers):
+        if name == "embedding":
+            layer.register_forward_hook(
+                lambda m, args, out: _redistribute(out, tp_mesh, Replicate(), Shard(1)))
+            continue
+        if name == "head":
+            layer.register_forward_pre_hook(
+                lambda m, args: (_redistribute(args[0], tp_mesh, Shard(1), Replicate()), *args[1:]))
+            continue
+        plan = {}
+        for sub_name, module in layer.named_modules():
+            if not sub_name:
+                continue
+            leaf = sub_name.rsplit(".", 1)[-1]
+            if leaf in COLWISE:
+                plan[sub_name] = ColwiseParallel()
+            elif leaf in ROWWISE:
+                plan[sub_name] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+            elif leaf in SUBLAYERS:
+                plan[sub_name] = PrepareModuleInput(input_layouts=(Shard(1),),
+                                                    desired_input_layouts=(Replicate(),))
+            elif isinstance(module, NORMS) or leaf.endswith("norm"):
+                plan[sub_name] = SequenceParallel()
+        parallelize_module(layer, tp_mesh, plan)
+        parallelize_module(layer, tp_mesh, PrepareModuleInputOutput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_input=False,
+            output_layouts=(Shard(1),), desired_output_layouts=(Shard(1),), use_local_output=True))
+
+
+def _redistribute(x: torch.Tensor, mesh: DeviceMesh, have, want) -> torch.Tensor:
+    """A local tensor laid out as `have` over `mesh`, relaid out as `want`, as a local tensor
+    (autograd runs the inverse collective backward: the all-gather of a scatter, and so on)."""
+    from torch.distributed.tensor import DTensor
+    return DTensor.from_local(x, mesh, [have], run_check=False).redistribute(mesh, [want]).to_local()
 
 
 def apply_data_parallel(chunk: Chunk, dp_mesh: DeviceMesh, mode: str) -> None:

@@ -3,8 +3,14 @@
 `execution_plan(scenario, gpus)` checks that the plan can be executed here (the scenario's own
 consistency rules, then what the executor and torch's pipeline schedules need) and returns an
 `ExecPlan`: degrees, the block range of every model chunk (pipeline stage), which chunks each
-pipeline rank holds, and micro-batching. No torch here, so the command line can reject a bad plan
-in milliseconds.
+pipeline rank holds, and micro-batching. No torch at import, so the command line can reject a bad
+plan in milliseconds; only a `model.module` model is built (on the meta device) to count its layers.
+
+A transformer model (dims, preset, hf_config) is cut by transformer blocks: chunk 0 also holds the
+embedding, the last chunk the head (planner/stages.py). A `module:` model is cut by the layers of
+`planner.models.layer_chain` (an nn.Sequential's children, or a module's `pipeline_layers()`),
+the embedding and head counting as layers, as the simulator profiles and splits it
+(simulator/profiled.py).
 
 Rank order is Megatron-LM's (tensor fastest, pipeline slowest; megatron/core/parallel_state.py
 RankGenerator), the same as simulator/placement.py: rank = tp + T * (dp + D * pp).
@@ -14,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from partita.planner.errors import PartitaError
-from partita.planner.scenario import Scenario, check_plan
+from partita.planner.scenario import Scenario, check_plan, check_stages
 from partita.planner.stages import chunk_ranges
 
 # torch.distributed.pipelining schedule class for each scenario schedule name.
@@ -24,7 +30,14 @@ TORCH_SCHEDULES = {
     "interleaved-1f1b": "ScheduleInterleaved1F1B",
     "zero-bubble": "ScheduleInterleavedZeroBubble",   # ZB1P (Qi et al. 2023), one chunk per rank: ZB-H1
 }
-EXECUTED_PRECISIONS = ("fp32", "tf32", "bf16")
+# Why context parallelism is refused (checked on torch 2.13, 2 gloo processes; see
+# tests/test_executor_context.py).
+CP_WHY = ("On CPU (gloo) torch's context-parallel attention cannot run: context_parallel shards "
+          "only the CUDA flash, memory-efficient and cuDNN attention kernels, and CPU attention "
+          "(aten._scaled_dot_product_flash_attention_for_cpu) has no sharding strategy. On CUDA, "
+          "planner.models derive positions (learned position ids, rotary tables) from the local "
+          "sequence length, which sequence sharding would make wrong")
+EXECUTED_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)
@@ -55,6 +68,8 @@ class ExecPlan:
     precision: str
     recompute: str
     optimizer: str
+    module: str | None = None             # "pkg.mod:fn" of a `module:` model; None: a transformer
+    sequence_parallel: bool = False       # with tensor > 1: activations sharded by sequence
 
     @property
     def microbatches(self) -> int:
@@ -82,8 +97,11 @@ class ExecPlan:
         return tuple(range(pp_rank, self.stages, self.pipeline))
 
     def layers_of(self, stage: int) -> tuple[int, ...]:
-        """Indices into the model's pipeline_layers() ([embedding, block..., head]) of one chunk."""
+        """Indices into the model's pipeline_layers() ([embedding, block..., head]) of one chunk;
+        for a `module:` model, into its layer chain."""
         start, stop = self.chunks[stage]
+        if self.module is not None:
+            return tuple(range(start, stop))
         first = (0,) if stage == 0 else ()
         last = (self.blocks + 1,) if stage == self.stages - 1 else ()
         return first + tuple(range(start + 1, stop + 1)) + last
@@ -117,7 +135,8 @@ class ExecPlan:
                 "stages": [list(c) for c in self.chunks], "microbatches": self.microbatches,
                 "micro_batch": self.micro_batch, "global_batch": self.global_batch,
                 "zero": self.zero, "precision": self.precision, "recompute": self.recompute,
-                "optimizer": self.optimizer}
+                "optimizer": self.optimizer, "module": self.module,
+                "sequence_parallel": self.sequence_parallel}
 
 
 def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
@@ -129,9 +148,7 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
                            f"{scenario.origin or 'FILE'}` to choose one")
     dims = scenario.model.resolve()
     if dims is None:
-        raise PartitaError(f"{where}model.module: partita run executes transformer models (dims, "
-                           "preset or hf_config), not an arbitrary module: it needs the layer chain "
-                           "and loss of planner.models")
+        return _module_plan(scenario, gpus, where)
     check_plan(scenario, gpus, dims)
     _check_executable(scenario, dims, where)
     chunks = tuple(tuple(c) for c in chunk_ranges(dims.total_layers, p))   # the simulator's split
@@ -140,27 +157,92 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
         data=p.data, schedule=p.schedule, virtual_stages=p.virtual_stages, chunks=tuple(chunks),
         blocks=dims.total_layers, global_batch=t.global_batch, micro_batch=t.micro_batch,
         seq_len=dims.seq_len, vocab=dims.vocab, zero=p.zero, precision=t.precision,
-        recompute=t.recompute, optimizer=t.optimizer)
+        recompute=t.recompute, optimizer=t.optimizer,
+        sequence_parallel=p.sequence_parallel and p.tensor > 1)
+
+
+def module_layer_names(scenario: Scenario) -> list[str]:
+    """The layer chain of a `module:` model, built on the meta device (imports torch). Without a
+    `loss(output, targets)` of its own, the chain must turn (B, S) token ids into (B, S, vocab)
+    logits: one micro-batch runs through it on the meta device to check, layer by layer."""
+    import torch
+    from partita.planner.models import build_from_spec, layer_chain
+    m, where = scenario.model, f"{scenario.origin}: " if scenario.origin else ""
+    model = build_from_spec(m, device="meta")
+    chain = layer_chain(model)
+    if callable(getattr(model, "loss", None)):
+        return [name for name, _ in chain]
+    x = torch.zeros((scenario.training.micro_batch, m.seq_len), dtype=torch.long, device="meta")
+    for name, layer in chain:
+        try:
+            x = layer(x)
+        except Exception as exc:  # the user's code: one line naming the layer
+            raise PartitaError(f"{where}model.module: layer {name!r} ({type(layer).__name__}) "
+                               f"failed on the meta device: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(x, torch.Tensor):
+            raise PartitaError(f"{where}model.module: layer {name!r} returned "
+                               f"{type(x).__name__}; pipeline layers pass one tensor on")
+    want = (scenario.training.micro_batch, m.seq_len, m.vocab)
+    if tuple(x.shape) != want:
+        raise PartitaError(f"{where}model.module: {m.module} maps token ids (B, S) = "
+                           f"{want[:2]} to {tuple(x.shape)}, expected logits (B, S, vocab) = "
+                           f"{want}; or give the module a loss(output, targets) method")
+    return [name for name, _ in chain]
+
+
+def _module_plan(scenario: Scenario, gpus: int, where: str) -> ExecPlan:
+    """A `module:` model: pipeline stages over its layer chain, data parallelism, no tensor split."""
+    p, t, m = scenario.parallel, scenario.training, scenario.model
+    check_plan(scenario, gpus)
+    for key, value in (("tensor", p.tensor), ("context", p.context)):
+        if value > 1:
+            raise PartitaError(f"{where}parallel.{key} = {value}: a model given as model.module has "
+                               "no known layer structure to split (valid: 1); give transformer "
+                               "dims, a preset or an hf_config to use it")
+    names = module_layer_names(scenario)
+    chunks = p.pipeline * p.virtual_stages
+    if chunks > len(names):
+        raise PartitaError(f"{where}pipeline*virtual_stages ({chunks}) exceeds the module's "
+                           f"{len(names)} layers ({', '.join(names)})")
+    if p.stages is not None:
+        check_stages(p.stages, chunks, len(names), lambda msg: PartitaError(
+            f"{where}{msg} (the module's layers: {', '.join(names)})"))
+    _check_executable(scenario, None, where)
+    return ExecPlan(
+        name=scenario.name, arch="module", world=gpus, tensor=1, pipeline=p.pipeline,
+        data=p.data, schedule=p.schedule, virtual_stages=p.virtual_stages,
+        chunks=tuple(tuple(c) for c in chunk_ranges(len(names), p)), blocks=len(names),
+        global_batch=t.global_batch, micro_batch=t.micro_batch, seq_len=m.seq_len, vocab=m.vocab,
+        zero=p.zero, precision=t.precision, recompute=t.recompute, optimizer=t.optimizer,
+        module=m.module)
 
 
 def _check_executable(s: Scenario, dims, where: str) -> None:
     """What the executor (not the scenario format) cannot do, each with what to change."""
     p, t = s.parallel, s.training
-    m = s.microbatches()
     if p.context > 1:
-        raise PartitaError(f"{where}parallel.context: partita run does not execute context "
-                           f"parallelism (got {p.context}; valid: 1); fold it into data or tensor")
-    if p.sequence_parallel and p.tensor > 1:
-        raise PartitaError(f"{where}parallel.sequence_parallel: partita run executes tensor "
-                           "parallelism without sequence parallelism; set it to false")
+        raise PartitaError(f"{where}parallel.context = {p.context}: partita run does not execute "
+                           f"context parallelism (valid: 1); fold it into data or tensor. {CP_WHY}")
     if t.precision not in EXECUTED_PRECISIONS:
         raise PartitaError(f"{where}training.precision {t.precision}: partita run executes "
-                           f"{', '.join(EXECUTED_PRECISIONS)} (fp16 would need loss scaling, fp8 "
-                           "Transformer Engine); use bf16 or fp32")
+                           f"{', '.join(EXECUTED_PRECISIONS)} (fp8 needs Transformer Engine); "
+                           "use bf16")
+    if dims is None:
+        return _check_schedule(s, where)
+    if p.sequence_parallel and p.tensor > 1 and dims.arch == "t5":
+        raise PartitaError(f"{where}parallel.sequence_parallel: partita run does not shard T5's "
+                           "chain by sequence (its one tensor holds the encoder and decoder "
+                           "halves side by side along the sequence, [Note: t5 chain]); set it "
+                           "to false for arch t5")
     if p.tensor > 1 and dims.kv_heads % p.tensor:
         raise PartitaError(f"{where}parallel.tensor ({p.tensor}) must divide model.kv_heads "
                            f"({dims.kv_heads}) for partita run: it shards k/v heads, it does "
                            "not replicate them")
+    _check_schedule(s, where)
+
+
+def _check_schedule(s: Scenario, where: str) -> None:
+    p, m = s.parallel, s.microbatches()
     if p.schedule == "1f1b" and m < p.pipeline:
         raise PartitaError(f"{where}schedule 1f1b needs micro-batches per replica ({m}) >= "
                            f"pipeline ({p.pipeline}); raise training.global_batch or use gpipe")

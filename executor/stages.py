@@ -5,7 +5,13 @@ of its own chunks, with `PipelineLM.materialize`'s per-parameter seeding: a laye
 weights whichever rank builds it, so a pipelined run starts from exactly the weights of the
 single-process reference.
 
-A `Chunk` runs its layers in order, under autocast for bf16 and with the plan's activation
+A `module:` model (any nn.Sequential, or a module with `pipeline_layers()`) has no per-parameter
+seeding: every rank builds the whole module on its device with the scenario's seed (the user's own
+initialisation, under `torch.manual_seed(seed)`), keeps its chunks' layers and drops the rest. It
+trains as a causal language model, ids (B, S) in and logits (B, S, vocab) out, on the mean token
+cross-entropy against the next tokens, unless the module has its own `loss(output, targets)`.
+
+A `Chunk` runs its layers in order, under autocast for bf16 and fp16 and with the plan's activation
 recomputation. Parameters tied across chunks (GPT's embedding and LM head, T5's shared relative
 position bias) become one copy per chunk; `TiedGroup` lists them so that the run loop adds their
 gradients up, as Megatron-LM does for the embedding of its first and last stage
@@ -18,13 +24,14 @@ from dataclasses import dataclass
 from functools import partial
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from partita.executor.plan import ExecPlan
-from partita.planner.modelspec import TransformerDims
+from partita.planner.modelspec import ModelSpec, TransformerDims
 
-AUTOCAST = {"bf16": torch.bfloat16}
+AUTOCAST = {"bf16": torch.bfloat16, "fp16": torch.float16}
 NOT_BLOCKS = ("embedding", "head")
 # Selective recomputation keeps the outputs of the projections' GEMMs and recomputes the rest of
 # a block (attention core, norms, activations): the attention core is Korthikanti et al. 2022's
@@ -44,8 +51,9 @@ class Chunk(nn.Module):
     """Consecutive pipeline layers of one model chunk: one tensor in, one tensor out."""
 
     def __init__(self, stage: int, layers: list[nn.Module], names: list[str], *, recompute: str,
-                 precision: str, device_type: str):
+                 precision: str, device_type: str, plain: tuple[str, ...] = NOT_BLOCKS):
         super().__init__()
+        self.plain = tuple(plain)          # layers never recomputed (they take or give ids/logits)
         self.stage = stage
         self.layers = nn.ModuleList(layers)
         self.names = list(names)
@@ -57,7 +65,7 @@ class Chunk(nn.Module):
         with torch.autocast(self.device_type, dtype=self.autocast or torch.bfloat16,
                             enabled=self.autocast is not None):
             for name, layer in zip(self.names, self.layers):
-                x = self._run(layer, x) if name not in NOT_BLOCKS else layer(x)
+                x = self._run(layer, x) if name not in self.plain else layer(x)
         return x
 
     def _run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -78,9 +86,13 @@ def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def build_chunks(plan: ExecPlan, dims: TransformerDims, stages: tuple[int, ...],
+def build_chunks(plan: ExecPlan, model: TransformerDims | ModelSpec, stages: tuple[int, ...],
                  device: torch.device, seed: int) -> tuple[list[Chunk], list[TiedGroup], object]:
-    """This rank's chunks (in stage order), every tied group of the model, and the loss function."""
+    """This rank's chunks (in stage order), every tied group of the model, and the loss function.
+    `model`: the transformer's dims, or the scenario's model section (a `module:` model)."""
+    if plan.module is not None:
+        return _module_chunks(plan, model, stages, device, seed)
+    dims = model.resolve() if isinstance(model, ModelSpec) else model
     from partita.planner.models import build_model
     model = build_model(dims, device="meta", seed=seed)
     wanted = sorted({i for s in stages for i in plan.layers_of(s)})
@@ -92,6 +104,48 @@ def build_chunks(plan: ExecPlan, dims: TransformerDims, stages: tuple[int, ...],
     groups = tied_groups(model, plan)
     _untie_across_chunks(chunks)
     return chunks, groups, model.loss
+
+
+def _module_chunks(plan: ExecPlan, spec: ModelSpec, stages: tuple[int, ...], device: torch.device,
+                   seed: int) -> tuple[list[Chunk], list[TiedGroup], object]:
+    names, layers, loss = build_module_chain(spec, device, seed)
+    plain = (names[0],)
+    chunks = [Chunk(s, [layers[i] for i in plan.layers_of(s)], [names[i] for i in plan.layers_of(s)],
+                    recompute=plan.recompute, precision=plan.precision, device_type=device.type,
+                    plain=plain)
+              for s in stages]
+    groups = chain_tied_groups(layers, names, plan)
+    _untie_across_chunks(chunks)
+    return chunks, groups, loss
+
+
+def build_module_chain(spec: ModelSpec, device: torch.device, seed: int):
+    """(layer names, layers, loss function) of a `module:` model built on `device` with `seed`."""
+    from partita.planner.models import build_from_spec, layer_chain
+    model = build_from_spec(spec, device=device, seed=seed)
+    chain = layer_chain(model)
+    own = getattr(model, "loss", None)
+    return [n for n, _ in chain], [m for _, m in chain], own if callable(own) else next_token_loss
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean token cross-entropy of (B, S, V) logits against (B, S) targets, in fp32."""
+    return F.cross_entropy(logits.float().flatten(0, -2), targets.flatten())
+
+
+def chain_tied_groups(layers: list[nn.Module], names: list[str], plan: ExecPlan) -> list[TiedGroup]:
+    """Parameters that several layers of a chain share, across more than one chunk."""
+    stage_of_layer = {i: s for s in range(plan.stages) for i in plan.layers_of(s)}
+    by_param: dict[int, list[tuple[str, int]]] = {}
+    for i, layer in enumerate(layers):
+        for name, p in layer.named_parameters(remove_duplicate=False):
+            by_param.setdefault(id(p), []).append((f"{names[i]}.{name}", i))
+    out = []
+    for uses in by_param.values():
+        stages = sorted({stage_of_layer[i] for _, i in uses})
+        if len(stages) > 1:
+            out.append(TiedGroup(names=tuple(n for n, _ in uses), stages=tuple(stages)))
+    return sorted(out, key=lambda g: g.names)
 
 
 def tied_groups(model, plan: ExecPlan) -> list[TiedGroup]:

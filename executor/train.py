@@ -23,11 +23,13 @@ from torch import nn
 
 from partita.executor.data import DataSpec, TokenStream, replica_samples
 from partita.executor.launch import RESULT_FILE, Job
-from partita.executor.measure import StepRecorder, summarize, write_outputs
-from partita.executor.parallel import (TiedGradients, apply_data_parallel, apply_tensor_parallel,
-                               average_gradients, build_mesh)
+from partita.executor.measure import StepRecorder, memory_report, summarize, write_outputs
+from partita.executor.parallel import (TiedGradients, apply_data_parallel,
+                                       apply_sequence_parallel, apply_tensor_parallel,
+                                       average_gradients, build_mesh)
 from partita.executor.plan import TORCH_SCHEDULES, ExecPlan, execution_plan
-from partita.executor.stages import Chunk, build_chunks
+from partita.executor.precision import LossScaler
+from partita.executor.stages import Chunk, build_chunks, build_module_chain
 from partita.planner.scenario import Scenario, load_scenario
 
 SGD_MOMENTUM = 0.9
@@ -59,9 +61,11 @@ class RankRun:
         mesh = build_mesh(self.plan, self.device.type)
         stages = self.plan.stages_of(self.me.pp)
         self.chunks, groups, self.loss_fn = build_chunks(
-            self.plan, self.scenario.model.resolve(), stages, self.device, job.seed)
+            self.plan, self.scenario.model, stages, self.device, job.seed)
         for chunk in self.chunks:
-            if self.plan.tensor > 1:
+            if self.plan.sequence_parallel:
+                apply_sequence_parallel(chunk, mesh["tp"])
+            elif self.plan.tensor > 1:
                 apply_tensor_parallel(chunk, mesh["tp"])
             if self.plan.data > 1:
                 apply_data_parallel(chunk, mesh["dp"], self.plan.data_parallel)
@@ -69,7 +73,8 @@ class RankRun:
         self.tied = TiedGradients(self.plan, groups, rank)
         self.pipe = [pipeline_stage(chunk, self.plan, self.device, mesh["pp"].get_group())
                      for chunk in self.chunks]
-        self.schedule = make_schedule(self.plan, self.pipe, self.loss_fn)
+        self.scaler = LossScaler(self.plan.precision)
+        self.schedule = make_schedule(self.plan, self.pipe, self.scaler.scaled(self.loss_fn))
         self.params = [p for chunk in self.chunks for p in chunk.parameters()]
         self.optimizer = make_optimizer(self.plan.optimizer, self.params, job.lr)
         self.fault = _fault_hook()
@@ -92,25 +97,36 @@ class RankRun:
         kwargs = {"target": targets, "losses": losses} if self.last else {}
         self.schedule.step(*((ids,) if self.first else ()), **kwargs)
         if self.plan.data_parallel == "all-reduce":
-            with self.recorder.span("dp", "dp-allreduce", "comm"):
-                average_gradients(self.params, self.dp_group, self.plan.data)
+            for chunk in self.chunks:      # one span per chunk, named as the simulator's
+                with self.recorder.span("dp", f"{chunk.stage}REDUCE_GRAD", "comm"):
+                    average_gradients(list(chunk.parameters()), self.dp_group, self.plan.data)
         if self.tied.entries:
-            with self.recorder.span("dp", "tied-allreduce", "comm"):
+            with self.recorder.span("tied", "TIED_ALLREDUCE", "comm"):
                 self.tied.sync(self.chunks)
+        scale = self.scaler.scale
+        found_inf = self.scaler.unscale(_local_grads(self.params), self.device)
         self.fault(step, "optimizer")
         with self.recorder.span("optimizer", "optimizer", "optimizer"):
-            self.optimizer.step()
+            if not found_inf:
+                self.optimizer.step()
+        self.scaler.update(found_inf)
         self.recorder.end_step()
-        return self._global_loss(losses)
+        return self._global_loss(losses, scale)
 
-    def _global_loss(self, losses: list[torch.Tensor]) -> float:
+    def _global_loss(self, losses: list[torch.Tensor], scale: float = 1.0) -> float:
         """Mean micro-batch loss over all replicas (summed over ranks: others add 0)."""
         mine = 0.0
         if self.last and self.me.tp == 0:
-            mine = sum(float(l.detach()) for l in losses) / len(losses) / self.plan.data
+            mine = sum(float(l.detach()) for l in losses) / len(losses) / self.plan.data / scale
         total = torch.tensor([mine], dtype=torch.float64, device=self.device)
         dist.all_reduce(total)
         return float(total.item())
+
+
+def _local_grads(params: list[nn.Parameter]) -> list[torch.Tensor]:
+    """The local shards of the gradients (DTensor or plain), to unscale in place."""
+    return [g.to_local() if hasattr(g, "to_local") else g
+            for g in (p.grad for p in params) if g is not None]
 
 
 def pipeline_stage(chunk: Chunk, plan: ExecPlan, device: torch.device, group):
@@ -158,7 +174,9 @@ def _resume(run: RankRun) -> int:
     step = latest_checkpoint(run.job.checkpoint_dir, fingerprint=plan_fingerprint(run.scenario))
     if step is None:
         return 0
-    load_checkpoint(run.job.checkpoint_dir, step, run.chunks, run.optimizer)
+    extra = load_checkpoint(run.job.checkpoint_dir, step, run.chunks, run.optimizer)
+    if "loss_scale" in extra:
+        run.scaler.load_state_dict(extra["loss_scale"])
     return step
 
 
@@ -166,7 +184,8 @@ def _save(run: RankRun, step: int) -> None:
     from partita.executor.checkpoint import plan_fingerprint, save_checkpoint
     save_checkpoint(run.job.checkpoint_dir, step, run.chunks, run.optimizer,
                     fingerprint=plan_fingerprint(run.scenario),
-                    extra={"step": step, "seed": run.job.seed, "data": run.job.data})
+                    extra={"step": step, "seed": run.job.seed, "data": run.job.data,
+                           "loss_scale": run.scaler.state_dict()})
 
 
 def _gather(obj, rank: int) -> list | None:
@@ -203,7 +222,12 @@ def _finish(run: RankRun, records: list, losses: list[float], weights) -> None:
         "peak_memory_bytes": list(summary.peak_memory_bytes), "seed": run.job.seed,
         "lr": run.job.lr, "data": run.job.data or "synthetic", "torch": torch.__version__,
         "out_dir": str(out), "notes": run.plan.notes(),
+        "memory": memory_report(summary, run.device.type,
+                                [run.plan.coords(r).pp for r in range(run.plan.world)],
+                                run.job.predicted_memory_bytes),
     }
+    if run.scaler.enabled:
+        result["loss_scale"] = run.scaler.state_dict()
     if summary.steps:
         write_outputs(out, summary, {"scenario": result["scenario"]})
     if weights is not None:
@@ -214,12 +238,20 @@ def _finish(run: RankRun, records: list, losses: list[float], weights) -> None:
 def reference_run(scenario: Scenario, *, steps: int, seed: int = 0, lr: float = 1e-3,
                   data: str | None = None) -> tuple[list[float], dict[str, torch.Tensor]]:
     """The same training in one process, without any parallelism: (losses, final weights)."""
-    from partita.planner.models import build_model
     plan = execution_plan(scenario, scenario.parallel.gpus)
-    model = build_model(scenario.model.resolve(), seed=seed)
-    chunk = Chunk(0, model.pipeline_layers(), model.layer_names(), recompute=plan.recompute,
-                  precision=plan.precision, device_type="cpu")
+    if plan.module is not None:
+        names, layers, loss_fn = build_module_chain(scenario.model, torch.device("cpu"), seed)
+        chunk = Chunk(0, layers, names, recompute=plan.recompute, precision=plan.precision,
+                      device_type="cpu", plain=(names[0],))
+    else:
+        from partita.planner.models import build_model
+        model = build_model(scenario.model.resolve(), seed=seed)
+        loss_fn = model.loss
+        chunk = Chunk(0, model.pipeline_layers(), model.layer_names(), recompute=plan.recompute,
+                      precision=plan.precision, device_type="cpu")
     optimizer = make_optimizer(plan.optimizer, list(chunk.parameters()), lr)
+    scaler = LossScaler(plan.precision)
+    scaled_loss = scaler.scaled(loss_fn)
     stream = TokenStream(DataSpec(plan.arch, plan.seq_len, plan.vocab, seed, data))
     n = plan.global_batch // plan.micro_batch
     losses = []
@@ -229,13 +261,17 @@ def reference_run(scenario: Scenario, *, steps: int, seed: int = 0, lr: float = 
         for k in range(n):
             ids, targets = (torch.from_numpy(a) for a in
                             stream.batch(step * plan.global_batch + k * plan.micro_batch, plan.micro_batch))
-            loss = model.loss(chunk(ids), targets)
+            loss = scaled_loss(chunk(ids), targets)
             loss.backward()
-            total += float(loss.detach())
+            total += float(loss.detach()) / scaler.scale
         for p in chunk.parameters():
             if p.grad is not None:
                 p.grad.div_(n)
-        optimizer.step()
+        found_inf = scaler.unscale([p.grad for p in chunk.parameters() if p.grad is not None],
+                                   torch.device("cpu"))
+        if not found_inf:
+            optimizer.step()
+        scaler.update(found_inf)
         losses.append(total / n)
     weights = {name: p.detach().clone()
                for name, p in chunk.named_parameters(remove_duplicate=False)}

@@ -99,7 +99,7 @@ def test_checkpoint_dir_that_is_a_file(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"training__precision": "fp16"}, "fp16 would need loss scaling"),
+    ({"training__precision": "fp8"}, "fp8 needs Transformer Engine"),
     ({"parallel__schedule": "gpipe", "parallel__context": 2, "cluster__gpus": 4},
      "does not execute context parallelism"),
 ])

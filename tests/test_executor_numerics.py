@@ -46,6 +46,13 @@ CASES = {
     "tp2-pp2-gpipe": (LLAMA, {"parallel__data": 1, "parallel__tensor": 2,
                               "parallel__schedule": "gpipe"}),
     "dp2-zero3": (LLAMA, {"cluster__gpus": 2, "parallel__pipeline": 1, "parallel__zero": 3}),
+    # encoder-decoder as the planner places it: 3 encoder + 1 decoder blocks over 2 stages, so
+    # stage 1 holds the last encoder block and the decoder block; the encoder output (the
+    # cross-attention input) crosses the stage boundary in the chain tensor ([Note: t5 chain]);
+    # the tied embedding / LM head and the encoder's shared position bias span both ranks
+    "t5-pp2-encoder-decoder": (GPT, {"model__arch": "t5", "model__layers": 3,
+                                     "model__decoder_layers": 1, "parallel__schedule": "1f1b",
+                                     "parallel__virtual_stages": 1, "training__optimizer": "sgd"}),
     "dp2-zero0-zero-bubble": (LLAMA, {"cluster__gpus": 2, "parallel__pipeline": 1, "parallel__zero": 0,
                                       "parallel__schedule": "zero-bubble"}),
 }

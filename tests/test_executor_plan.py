@@ -77,8 +77,8 @@ def test_explicit_stages_are_used():
 
 @pytest.mark.parametrize("changes, message", [
     ({"parallel__context": 2, "cluster__gpus": 16}, "does not execute context parallelism"),
-    ({"parallel__sequence_parallel": True}, "without sequence parallelism"),
-    ({"training__precision": "fp16"}, "executes fp32, tf32, bf16"),
+    ({"parallel__sequence_parallel": True, "model__arch": "t5"}, "does not shard T5's chain"),
+    ({"training__precision": "fp8"}, "executes fp32, tf32, fp16, bf16 (fp8 needs Transformer"),
     ({"model__kv_heads": 1}, "must divide model.kv_heads (1)"),
     ({"training__global_batch": 4}, "1f1b needs micro-batches per replica (1) >= pipeline (2)"),
     ({"parallel__stages": [[0, 2], [2, 5]]}, "ends at layer 5, but the model has 4 layers"),

@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     _check_backend(args.backend, nproc)
     _check_files(args, plan)
     _check_checkpoints(args, scenario)
-    predicted, note = predict(scenario, args)
+    predicted, note, predicted_memory = predict(scenario, args)
     for line in plan.notes() + ([note] if note else []):
         print(f"note: {line}", file=sys.stderr)
     out = Path(args.out or Path("partita-run") / (scenario.name or path.stem))
@@ -96,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
               seed=args.seed, lr=args.lr, data=str(Path(args.data).resolve()) if args.data else None,
               out_dir=str(out), checkpoint_dir=args.checkpoint_dir,
               checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
-              save_weights=args.save_weights, predicted_step_time_s=predicted)
+              save_weights=args.save_weights, predicted_step_time_s=predicted,
+              predicted_memory_bytes=predicted_memory)
     result = launch(job, nproc, rdzv)
     if result is None:
         print(f"this node's ranks finished; rank 0 (node 0) has the results in {out}", file=sys.stderr)
@@ -180,19 +181,28 @@ def _check_checkpoints(args: argparse.Namespace, scenario) -> None:
                            f"{args.steps}; ask for more steps")
 
 
-def predict(scenario, args: argparse.Namespace) -> tuple[float | None, str | None]:
-    """The simulator's step time, or (None, why) when this machine has no calibration."""
+def predict(scenario, args: argparse.Namespace) -> tuple[float | None, str | None, list | None]:
+    """The simulator's step time and memory per pipeline stage, or (None, why, None) when this
+    machine has no calibration."""
+    from partita.executor.measure import predicted_stage_memory
     from partita.simulator.step import simulate
     catalog = catalog_from_args(args)
     if scenario.cluster.system.lower() != "local":
-        return simulate(scenario, catalog).step_time_s, None
+        result = simulate(scenario, catalog)
+        return result.step_time_s, None, predicted_stage_memory(result)
     if "local" not in catalog.system_names():
         return None, ("no prediction: this machine is not calibrated (no catalog system "
-                      "'local'); run `partita calibrate` first")
+                      "'local'); run `partita calibrate` first"), None
     try:
-        return simulate(scenario, catalog).step_time_s, None
+        result = simulate(scenario, catalog)
     except PartitaError as exc:
-        return None, f"no prediction ({exc}); run `partita calibrate` to measure this machine"
+        return None, f"no prediction ({exc}); run `partita calibrate` to measure this machine", None
+    return result.step_time_s, None, predicted_stage_memory(result)
+
+
+def memory_lines(r: dict) -> list[str]:
+    from partita.executor.measure import format_memory
+    return format_memory(r.get("memory"))
 
 
 def format_table(r: dict) -> str:
@@ -212,5 +222,6 @@ def format_table(r: dict) -> str:
               if pred else "   predicted: none")
     lines += [f"  median step time {r['median_step_time_s']:.4f} s{versus}",
               f"  throughput       {r['tokens_per_s']:.1f} tokens/s",
+              *memory_lines(r),
               f"  outputs in {r['out_dir']}: metrics.jsonl, trace.json, result.json"]
     return "\n".join(lines)

@@ -83,9 +83,16 @@ def _import_function(path: str):
 
 def layer_chain(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """A model as named layers run one after another: a PipelineLM's pipeline layers, an
-    nn.Sequential's top-level children, or else the whole model as one layer named "model"."""
+    nn.Sequential's top-level children, any module's own `pipeline_layers()` (an ordered list of
+    one-tensor-in, one-tensor-out submodules, named by its `layer_names()` if it has one, else by
+    position), or else the whole model as one layer named "model"."""
     if isinstance(model, PipelineLM):
         return list(zip(model.layer_names(), model.pipeline_layers()))
+    if callable(getattr(model, "pipeline_layers", None)):
+        layers = list(model.pipeline_layers())
+        names = (list(model.layer_names()) if callable(getattr(model, "layer_names", None))
+                 else [str(i) for i in range(len(layers))])
+        return list(zip(names, layers))
     if isinstance(model, nn.Sequential):
         return list(model.named_children())
     return [("model", model)]

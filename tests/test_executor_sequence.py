@@ -1,0 +1,65 @@
+"""Sequence parallelism with tensor parallelism trains as one process does (fp32, CPU, gloo).
+
+Each case runs `partita run` with tensor 2 and sequence_parallel for 5 steps and holds its losses
+and final weights to `reference_run` at 1e-6 relative (the L2 norm of each weight tensor's
+difference against the tensor's norm, with the 1e-9 absolute floor of
+tests/test_executor_numerics.py for GPT's k-projection bias, whose gradient is mathematically
+zero). As with tensor parallelism alone, only summation order differs: the reduce-scatter adds
+the same partial sums as the all-reduce did, and each norm's weight gradient is the sum of the
+ranks' sequence shards.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+
+from partita.cli import main
+from partita.executor.train import reference_run
+from partita.planner.paths import SCENARIOS_DIR
+from partita.planner.scenario import load_scenario
+
+pytestmark = pytest.mark.slow
+
+STEPS = 5
+RTOL = 1e-6
+ATOL = 1e-9
+
+CASES = {
+    # GPT: tied embedding, LayerNorm, learned positions; one stage on 2 processes
+    "gpt-tp2-sp": ("tiny-gpt-interleaved.yaml",
+                   {"cluster": {"gpus": 2}, "parallel": {"pipeline": 1, "virtual_stages": 1,
+                    "tensor": 2, "schedule": "1f1b", "sequence_parallel": True},
+                    "training": {"optimizer": "sgd"}}),
+    # Llama: rotary positions over the whole sequence, RMSNorm, sequence shards cross the stage
+    # boundary; 2 stages x tensor 2 = 4 processes
+    "llama-tp2-sp-pp2": ("tiny-llama-pp2-dp2.yaml",
+                         {"parallel": {"data": 1, "tensor": 2, "zero": 0, "schedule": "gpipe",
+                          "sequence_parallel": True}, "training": {"optimizer": "sgd"}}),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_sequence_parallel_run_equals_one_process(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PARTITA_HOME", str(tmp_path / "home"))
+    base, changes = CASES[case]
+    doc = yaml.safe_load((SCENARIOS_DIR / base).read_text())
+    for section, values in changes.items():
+        doc[section].update(values)
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    weights = tmp_path / "weights.pt"
+    assert main(["run", str(path), "--steps", str(STEPS), "--json", "--out", str(tmp_path / "out"),
+                 "--save-weights", str(weights)]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["plan"]["sequence_parallel"] is True and result["plan"]["tensor"] == 2
+    want_losses, want = reference_run(load_scenario(path), steps=STEPS)
+    print(case, [abs(a - b) / b for a, b in zip(result["losses"], want_losses)])
+    assert result["losses"] == pytest.approx(want_losses, rel=RTOL, abs=0)
+    got = torch.load(weights)
+    assert sorted(got) == sorted(want)
+    for name, w in want.items():
+        err = (got[name] - w).norm().item()
+        assert err <= RTOL * w.norm().item() + ATOL, f"{name}: |diff| {err:.3g}, |w| {w.norm():.3g}"
