@@ -137,7 +137,7 @@ class Scenario:
 def find_scenario_file(name: str | Path) -> Path:
     """A path as given, or the name of a shipped example in data/scenarios (with or without .yaml)."""
     path = Path(name)
-    if path.exists():
+    if path.exists() or path.is_symlink():    # a dangling link or a loop: read_text says which
         return path
     for candidate in (SCENARIOS_DIR / f"{name}.yaml", SCENARIOS_DIR / str(name)):
         if candidate.is_file():
