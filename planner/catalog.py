@@ -256,12 +256,20 @@ class Catalog:
         scenario must give cluster.intra_node_gbps / inter_node_gbps.
         """
         where = f"{origin}: " if origin else ""
-        system = apply_overrides(self.system(cluster.system), gpus_per_node=cluster.gpus_per_node,
+        try:
+            named = self.system(cluster.system)
+        except PartitaError as exc:
+            raise PartitaError(f"{where}cluster.system: {exc}") from None
+        system = apply_overrides(named, gpus_per_node=cluster.gpus_per_node,
                                  intra_node_gbps=cluster.intra_node_gbps,
                                  inter_node_gbps=cluster.inter_node_gbps)
         per_node = system.gpus_per_node
         gpus = cluster.gpus if cluster.gpus is not None else cluster.nodes * per_node
         nodes = cluster.nodes if cluster.nodes is not None else math.ceil(gpus / per_node)
+        from partita.planner.scenario import LIMITS
+        if gpus > LIMITS["cluster.gpus"]:
+            raise PartitaError(f"{where}cluster.nodes: {cluster.nodes} nodes of {per_node} GPUs are "
+                               f"{gpus:,} GPUs, more than partita's limit of {LIMITS['cluster.gpus']:,}")
         if min(gpus, per_node) > 1 and system.intra.bytes_per_s is None:
             raise PartitaError(f"{where}cluster.system {system.name}: GPU-to-GPU bandwidth inside a "
                                "node is not known; set cluster.intra_node_gbps (per GPU, one "

@@ -236,7 +236,7 @@ class Checker:
         return Checker(self.mapping[key], self.key_path(key), self.origin)
 
     def int(self, key: str, default: int | None = None, *, minimum: int | None = 1,
-            required: bool = False) -> int | None:
+            maximum: int | None = None, required: bool = False) -> int | None:
         if not self.has(key):
             if required:
                 raise self.error("missing required key (expected an integer)", key)
@@ -248,9 +248,13 @@ class Checker:
             raise self.error(f"expected an integer, got {_show(value)}", key)
         if minimum is not None and value < minimum:
             raise self.error(f"must be >= {minimum}, got {value}", key)
+        if maximum is not None and value > maximum:
+            raise self.error(f"must be <= {maximum:,} (partita's limit), got {_show(self.mapping[key])}",
+                             key)
         return value
 
     def number(self, key: str, default: float | None = None, *, positive: bool = True,
+               minimum: float | None = None, maximum: float | None = None,
                required: bool = False) -> float | None:
         if not self.has(key):
             if required:
@@ -261,6 +265,10 @@ class Checker:
             raise self.error(f"expected a number, got {_show(value)}", key)
         if positive and value <= 0:
             raise self.error(f"must be > 0, got {value}", key)
+        if minimum is not None and value < minimum:
+            raise self.error(f"must be >= {minimum:g}, got {_show(value)}", key)
+        if maximum is not None and value > maximum:
+            raise self.error(f"must be <= {maximum:g} (partita's limit), got {_show(value)}", key)
         return float(value)
 
     def bool(self, key: str, default: bool) -> bool:

@@ -92,7 +92,7 @@ def test_bad_hf_config_on_the_command_line(tmp_path, capsys):
                     "cluster: {system: dgx-h100, gpus: 8}\ntraining: {global_batch: 8}\n")
     assert main(["profile", str(path), "--json"]) == 1
     err = capsys.readouterr().err
-    assert err.strip() == "error: model.hf_config.n_layer: expected an integer, got 'twelve'"
+    assert err.strip() == f"error: {path}: model.hf_config.n_layer: expected an integer, got 'twelve'"
 
 
 def test_hf_config_scenario_profiles(tmp_path, capsys):

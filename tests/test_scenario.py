@@ -115,9 +115,9 @@ def test_llama_needs_ffn_hidden():
 def test_unknown_preset_suggests():
     d = doc(parallel=_DELETE)
     d["model"] = {"preset": "gpt2-xxl"}
-    s = parse_scenario(d)
-    with pytest.raises(PartitaError, match="unknown model preset 'gpt2-xxl'; did you mean"):
-        s.model.resolve()
+    with pytest.raises(PartitaError, match="^s.yaml: model.preset: unknown model preset 'gpt2-xxl'; "
+                                           "did you mean"):
+        parse_scenario(d, origin="s.yaml")
 
 
 @pytest.mark.parametrize("text, message", [
