@@ -229,7 +229,7 @@ def _parse_model(c: Checker) -> ModelSpec:
         module = c.str("module")
         if ":" not in module:
             raise c.error(f"expected 'package.module:function', got {module!r}", "module")
-        return ModelSpec(module=module, seq_len=c.int("seq_len", required=True, maximum=_lim(c, "seq_len")),
+        return ModelSpec(module=module, origin=c.origin, seq_len=c.int("seq_len", required=True, maximum=_lim(c, "seq_len")),
                          vocab=c.int("vocab", required=True, maximum=_lim(c, "vocab")))
     arch = c.choice("arch", ARCHS)
     def size(key: str, required: bool = False) -> int:
