@@ -37,7 +37,7 @@ PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "
 # Upper bounds on sizes, far above any real job, so that a typo (1e30 layers, 10^9 GPUs) is an error
 # naming the limit instead of a simulation that allocates per layer or micro-batch without end.
 LIMITS = {
-    "model.layers": 10_000, "model.decoder_layers": 10_000, "model.hidden": 1 << 20,
+    "model.layers": 1024, "model.decoder_layers": 1024, "model.hidden": 1 << 20,
     "model.heads": 1 << 16, "model.kv_heads": 1 << 16, "model.head_dim": 1 << 16,
     "model.ffn_hidden": 1 << 22, "model.seq_len": 1 << 24, "model.vocab": 1 << 24,
     "model.max_positions": 1 << 24,
