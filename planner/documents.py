@@ -192,9 +192,9 @@ def load_document(path: str | Path) -> dict[str, Any]:
             raise PartitaError(f"{path}: is a directory, expected a .yaml, .yml or .json file")
         raise PartitaError(f"{path}: unknown file type {suffix!r} (valid: .yaml, .yml, .json)")
     doc = parse_text(read_text(path), str(path), suffix)
+    check_shape(doc, str(path))
     if not isinstance(doc, dict):
         raise PartitaError(f"{path}: expected a mapping at the top level, got {_show(doc)}")
-    check_shape(doc, str(path))
     return doc
 
 
