@@ -83,10 +83,13 @@ def test_whatever_the_code_does_is_one_line(beside, capsys, function, message):
     assert one_error(capsys, ["profile", path]) == f"error: {path}: model.module: {message}"
 
 
-@pytest.mark.parametrize("target", ["os:system", "os:abort", "builtins:breakpoint", "sys:exit"])
-def test_builtins_are_not_called(tmp_path, capsys, target):
+@pytest.mark.parametrize("target", ["os:system", "os:abort", "builtins:breakpoint", "sys:exit",
+                                    "tempfile:mkdtemp", "json:dumps", "subprocess:Popen"])
+def test_builtins_and_the_standard_library_are_not_called(tmp_path, capsys, target):
     path = scenario(tmp_path, target)
-    assert "expected a Python function or class" in one_error(capsys, ["profile", path])
+    assert one_error(capsys, ["profile", path]) == (
+        f"error: {path}: model.module: {target!r} is part of Python's standard library, not a "
+        "function that builds a torch.nn.Module")
 
 
 def test_the_rest_of_the_scenario_is_checked_first(beside, capsys):

@@ -234,9 +234,9 @@ def test_cli_measure(tmp_path, capsys):
     ('{module: "no_such_pkg.models:build", seq_len: 8, vocab: 10}',
      "model.module: cannot import 'no_such_pkg.models': No module named 'no_such_pkg'"),
     ('{module: "json:dumps", seq_len: 8, vocab: 10}',
-     "model.module: 'json:dumps' must be callable with no arguments"),
+     "model.module: 'json:dumps' is part of Python's standard library"),
     ('{module: "json:loads", seq_len: 8, vocab: 10}',
-     "model.module: 'json:loads' must be callable with no arguments"),
+     "model.module: 'json:loads' is part of Python's standard library"),
     ('{preset: gpt-2}', "model.preset: unknown model preset 'gpt-2'; did you mean 'gpt2'"),
 ])
 def test_cli_bad_model(tmp_path, capsys, model, message):

@@ -14,6 +14,7 @@ import importlib
 import inspect
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 import torch
@@ -117,6 +118,9 @@ def _import_function(path: str, origin: str = "", where: str = "model.module"):
         fn = getattr(fn, part, None)
     if fn is None:
         raise PartitaError(f"{where}: {modname!r} has no function {attr!r}")
+    if _in_standard_library(fn):
+        raise PartitaError(f"{where}: {path!r} is part of Python's standard library, not a function "
+                           "that builds a torch.nn.Module")
     if not (inspect.isfunction(fn) or inspect.isclass(fn)):
         raise PartitaError(f"{where}: {path!r} is a {type(fn).__name__}, expected a Python function "
                            "or class that builds a torch.nn.Module")
@@ -127,6 +131,16 @@ def _import_function(path: str, origin: str = "", where: str = "model.module"):
     except ValueError:
         pass     # no signature to inspect: the call itself reports a problem
     return fn
+
+
+def _in_standard_library(fn) -> bool:
+    """True for builtins and for functions defined in Python's own library (os, tempfile, ...)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None or getattr(module, "__file__", None) is None:
+        return inspect.isbuiltin(fn)
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    where = Path(module.__file__).resolve()
+    return stdlib in where.parents and "site-packages" not in where.parts
 
 
 class _NotFound(Exception):
