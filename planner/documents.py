@@ -157,7 +157,8 @@ def parse_text(text: str, origin: str, suffix: str) -> Any:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise PartitaError(f"{origin}: invalid YAML{where}: {problem}") from None
     except RecursionError:
-        raise PartitaError(f"{origin}: nested too deeply (partita's limit: {MAX_DEPTH} levels)") from None
+        raise PartitaError(f"{origin}: nested deeper than partita's limit of {MAX_DEPTH} levels") \
+            from None
     except ValueError as exc:    # e.g. an integer of more than 4,300 digits
         raise PartitaError(f"{origin}: invalid value: {str(exc).splitlines()[0]}") from None
 

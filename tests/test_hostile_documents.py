@@ -5,13 +5,17 @@ or wrongly typed one, keys added or dropped, whole sections replaced, and raw ho
 binary, UTF-16, deep nesting, duplicate keys, alias bombs) and runs `partita.cli.main` in-process.
 Every run must end with exit status 0, 1 or 2, no traceback (an exception escaping `main` fails
 the test with its own), within a time bound, and on failure with exactly one line `error: ...`
-on stderr. Memory is bounded in tests/test_hostile_limits.py, in subprocesses under RLIMIT_AS.
+on stderr. Memory: batches of generated scenarios also run in one subprocess under RLIMIT_AS
+(and the documents that once exhausted the machine in tests/test_hostile_limits.py).
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import resource
+import subprocess
+import sys
 import time
 
 import pytest
@@ -50,6 +54,7 @@ CATALOG_KEYS = {
     "systems": ["name", "kind", "gpu", "gpus_per_node", "intra_node", "inter_node", "price",
                 "host_memory_gib", "source"],
 }
+MEMORY_LIMIT = 3 * 2**30    # address space of a checked subprocess (torch alone maps ~1.5 GiB)
 SECONDS_PER_RUN = 20         # far above the slowest valid document here (under 1 s)
 
 EXTREMES = [0, -1, 1, 3, 2**31, 2**63, 10**9, 100_000, 4e12, 1e30, 1.0e300, -1e-12, 1e-12, 0.5,
@@ -193,6 +198,32 @@ def test_random_bytes_get_a_result_or_one_error_line(tmp_path_factory, data, suf
     path = tmp_path_factory.mktemp("r") / f"f{suffix}"
     path.write_bytes(data)
     check_outcome(["simulate", str(path)])
+
+
+def _memory_limited():
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+@settings(max_examples=3, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(batch=st.lists(st.tuples(edits(SCENARIO_KEYS), st.sampled_from(["yaml", "json"])),
+                      min_size=15, max_size=15))
+def test_generated_documents_stay_within_bounded_memory(tmp_path_factory, batch):
+    """A batch of generated scenarios in one `simulate --json` process under RLIMIT_AS: a result
+    or one error per file, never a MemoryError or a kill."""
+    folder = tmp_path_factory.mktemp("m")
+    files = []
+    for i, (changes, form) in enumerate(batch):
+        data, suffix = serialise(apply(SCENARIO, changes), form)
+        files.append(folder / f"s{i}{suffix}")
+        files[-1].write_bytes(data)
+    done = subprocess.run([sys.executable, "-m", "partita", "simulate", "--json", *map(str, files)],
+                          capture_output=True, text=True, timeout=300, preexec_fn=_memory_limited)
+    assert done.returncode in (0, 1) and "Traceback" not in done.stderr, done.stderr[-2000:]
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [line["file"] for line in lines] == [str(f) for f in files]
+    assert all(("error" in line) != ("step_time_s" in line) for line in lines)
 
 
 def test_a_batch_of_json_simulations_gives_one_line_per_bad_file(tmp_path):
