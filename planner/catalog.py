@@ -281,8 +281,9 @@ class Catalog:
         nodes = cluster.nodes if cluster.nodes is not None else math.ceil(gpus / per_node)
         from partita.planner.scenario import LIMITS
         if gpus > LIMITS["cluster.gpus"]:
-            raise PartitaError(f"{where}cluster.nodes: {cluster.nodes} nodes of {per_node} GPUs are "
-                               f"{gpus:,} GPUs, more than partita's limit of {LIMITS['cluster.gpus']:,}")
+            limit = LIMITS["cluster.gpus"]
+            raise PartitaError(f"{where}cluster.nodes: {cluster.nodes} nodes of {per_node} GPUs "
+                               f"are {gpus:,} GPUs, more than partita's limit of {limit:,}")
         if min(gpus, per_node) > 1 and system.intra.bytes_per_s is None:
             raise PartitaError(f"{where}cluster.system {system.name}: GPU-to-GPU bandwidth inside a "
                                "node is not known; set cluster.intra_node_gbps (per GPU, one "

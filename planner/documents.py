@@ -148,7 +148,8 @@ def parse_text(text: str, origin: str, suffix: str) -> Any:
             return json.loads(text, object_pairs_hook=_unique_pairs)
         return yaml.load(text, Loader=_UniqueKeyLoader)   # noqa: S506 (a SafeLoader subclass)
     except _DuplicateKey as exc:
-        raise PartitaError(f"{origin}: duplicate key {exc.args[0]!r} (each key once per mapping)") from None
+        raise PartitaError(f"{origin}: duplicate key {exc.args[0]!r} (each key once per mapping)") \
+            from None
     except json.JSONDecodeError as exc:
         raise PartitaError(f"{origin}: invalid JSON at line {exc.lineno}: {exc.msg}") from None
     except yaml.YAMLError as exc:
@@ -177,7 +178,8 @@ def check_shape(value: Any, origin: str) -> None:
                                "partita's limit for one document")
         if isinstance(node, (dict, list)):
             if depth > MAX_DEPTH:
-                raise PartitaError(f"{origin}: nested deeper than partita's limit of {MAX_DEPTH} levels")
+                raise PartitaError(f"{origin}: nested deeper than partita's limit of "
+                                   f"{MAX_DEPTH} levels")
             items = node.values() if isinstance(node, dict) else node
             stack.extend((v, depth + 1) for v in items)
 
@@ -250,8 +252,8 @@ class Checker:
         if minimum is not None and value < minimum:
             raise self.error(f"must be >= {minimum}, got {value}", key)
         if maximum is not None and value > maximum:
-            raise self.error(f"must be <= {maximum:,} (partita's limit), got {_show(self.mapping[key])}",
-                             key)
+            shown = _show(self.mapping[key])
+            raise self.error(f"must be <= {maximum:,} (partita's limit), got {shown}", key)
         return value
 
     def number(self, key: str, default: float | None = None, *, positive: bool = True,

@@ -229,7 +229,8 @@ def _parse_model(c: Checker) -> ModelSpec:
         module = c.str("module")
         if ":" not in module:
             raise c.error(f"expected 'package.module:function', got {module!r}", "module")
-        return ModelSpec(module=module, origin=c.origin, seq_len=c.int("seq_len", required=True, maximum=_lim(c, "seq_len")),
+        return ModelSpec(module=module, origin=c.origin,
+                         seq_len=c.int("seq_len", required=True, maximum=_lim(c, "seq_len")),
                          vocab=c.int("vocab", required=True, maximum=_lim(c, "vocab")))
     arch = c.choice("arch", ARCHS)
     def size(key: str, required: bool = False) -> int:
@@ -293,7 +294,8 @@ def _parse_parallel(c: Checker) -> ParallelSpec:
         tensor=c.int("tensor", 1, maximum=_lim(c, "tensor")),
         pipeline=c.int("pipeline", 1, maximum=_lim(c, "pipeline")),
         data=c.int("data", 1, maximum=_lim(c, "data")),
-        context=c.int("context", 1, maximum=_lim(c, "context")), sequence_parallel=c.bool("sequence_parallel", False),
+        context=c.int("context", 1, maximum=_lim(c, "context")),
+        sequence_parallel=c.bool("sequence_parallel", False),
         schedule=schedule, virtual_stages=virtual, zero=zero,
         overlap_grad_reduce=c.bool("overlap_grad_reduce", True),
         overlap_param_gather=c.bool("overlap_param_gather", True),

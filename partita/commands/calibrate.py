@@ -68,7 +68,8 @@ def _process_count(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") \
+            from None
     if not 1 <= value <= MAX_PROCESSES:
         raise argparse.ArgumentTypeError(f"expected a number of processes from 1 to {MAX_PROCESSES}, "
                                          f"got {value}")

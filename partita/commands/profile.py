@@ -83,7 +83,8 @@ def check_device(name: str | None) -> None:
     try:
         dev = torch.device(name)
     except (RuntimeError, ValueError):
-        raise PartitaError(f"--device: unknown device {name!r} (valid: cpu, cuda, cuda:N, mps)") from None
+        raise PartitaError(f"--device: unknown device {name!r} (valid: cpu, cuda, cuda:N, mps)") \
+            from None
     if dev.type == "cpu":
         return
     if dev.type == "cuda":

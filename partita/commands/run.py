@@ -63,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="output directory (default ./partita-run/<name>)")
     p.add_argument("--data", metavar="TOKENS", help="token file: uint16 .bin (nanoGPT) or 1-D .npy "
                                                     "(default: seeded synthetic tokens)")
-    p.add_argument("--seed", type=_whole(0, MAX_SEED), default=0, help="weights and synthetic data seed (default 0)")
+    p.add_argument("--seed", type=_whole(0, MAX_SEED), default=0,
+                   help="weights and synthetic data seed, 0 to 2**32-1 (default 0)")
     p.add_argument("--lr", type=_rate, default=1e-3, help="learning rate (default 1e-3)")
     p.add_argument("--save-weights", metavar="FILE",
                    help="write the trained weights (the model's own parameter names) with torch.save")

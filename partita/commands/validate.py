@@ -48,7 +48,8 @@ def _row_ids(text: str) -> list[str]:
     """--rows: one or more comma-separated ids (a usage error otherwise: exit 2)."""
     ids = [r.strip() for r in text.split(",") if r.strip()]
     if not ids:
-        raise argparse.ArgumentTypeError(f"expected one or more row ids separated by commas, got {text!r}")
+        raise argparse.ArgumentTypeError("expected one or more row ids separated by commas, "
+                                         f"got {text!r}")
     return ids
 
 
@@ -80,7 +81,8 @@ def _check_split_ids(split, split_file, csv) -> None:
     ids = {r["id"] for r in read_rows(csv)}
     absent = sorted(split.fit - ids)
     if absent:
-        listed = ", ".join(absent[:10]) + (f", ... ({len(absent) - 10} more)" if len(absent) > 10 else "")
+        more = f", ... ({len(absent) - 10} more)" if len(absent) > 10 else ""
+        listed = ", ".join(absent[:10]) + more
         raise PartitaError(f"{split_file or DEFAULT_SPLIT}: fit: row ids not in "
                            f"{csv or DEFAULT_CSV}: {listed}")
 

@@ -99,7 +99,8 @@ def _call_user_code(call, where: str, doing: str):
 
 def _import_function(path: str, origin: str = "", where: str = "model.module"):
     modname, _, attr = path.partition(":")
-    if not modname or not attr or not all(p.isidentifier() for p in modname.split(".") + attr.split(".")):
+    parts = modname.split(".") + attr.split(".")
+    if not modname or not attr or not all(p.isidentifier() for p in parts):
         raise PartitaError(f"{where}: expected 'package.module:function', got {path!r}")
     base = str(Path(origin).resolve().parent) if origin else None
     cwd = {"", os.getcwd()}
