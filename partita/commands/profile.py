@@ -17,7 +17,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from partita.commands import add_catalog_option, catalog_from_args
+import partita.commands as commands
+from partita.commands import add_catalog_option
 from partita.planner.errors import PartitaError
 
 MIB = 2**20
@@ -103,7 +104,7 @@ def check_device(name: str | None) -> None:
 
 def check_hardware(scenario, args: argparse.Namespace) -> None:
     """The scenario's system and precision, checked before a `module:` model's code is run."""
-    hw = catalog_from_args(args).resolve_cluster(scenario.cluster, scenario.origin)
+    hw = commands.catalog_from_args(args).resolve_cluster(scenario.cluster, scenario.origin)
     try:
         hw.system.gpu.peak(scenario.training.precision)
     except PartitaError as exc:
@@ -130,7 +131,7 @@ def predict(scenario, micro_batch: int, args: argparse.Namespace) -> Prediction:
         return Prediction(reason="a module: model has no transformer dims for the simulator")
     try:
         from partita.simulator.calibration import load_calibration
-        gpu = catalog_from_args(args).system(scenario.cluster.system).gpu
+        gpu = commands.catalog_from_args(args).system(scenario.cluster.system).gpu
         return Prediction(gpu.name, _layer_times(dims, micro_batch, scenario.training.precision,
                                                  gpu, load_calibration()))
     except PartitaError as exc:
