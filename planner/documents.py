@@ -193,6 +193,7 @@ def load_document(path: str | Path) -> dict[str, Any]:
             raise PartitaError(f"{path}: no such file")
         if path.is_dir():
             raise PartitaError(f"{path}: is a directory, expected a .yaml, .yml or .json file")
+        read_text(path, limit=MAX_FILE_BYTES)    # a device, FIFO or unreadable file: says which
         raise PartitaError(f"{path}: unknown file type {suffix!r} (valid: .yaml, .yml, .json)")
     doc = parse_text(read_text(path), str(path), suffix)
     check_shape(doc, str(path))

@@ -105,7 +105,8 @@ def test_device_file_is_refused_unread(tmp_path, capsys):
     link = tmp_path / "zero.yaml"
     link.symlink_to("/dev/zero")
     assert "is a character device, not a regular file" in one_error(capsys, ["simulate", str(link)])
-    assert "unknown file type ''" in one_error(capsys, ["simulate", "/dev/zero"])
+    assert one_error(capsys, ["simulate", "/dev/zero"]) == (
+        "error: /dev/zero: is a character device, not a regular file (partita reads regular files only)")
 
 
 def test_oversized_file_is_refused_before_reading(tmp_path, capsys):
