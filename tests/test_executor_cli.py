@@ -107,6 +107,13 @@ def test_outputs_are_checked_before_training(capsys, tmp_path):
     assert "is a file, so no directory can be made under it" in capsys.readouterr().err
 
 
+def test_a_model_larger_than_this_machine_is_refused_before_launch(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("partita.commands.run._available_bytes", lambda: 2**30)
+    path = scenario_file(tmp_path, model__hidden=2048, model__heads=16)
+    line = refused(capsys, tmp_path, path)
+    assert "2 CPU processes need at least" in line and "1.0 GiB available" in line
+
+
 def test_resume_with_nothing_to_resume_is_an_error(capsys, tmp_path):
     line = refused(capsys, tmp_path, str(TINY), "--checkpoint-dir", str(tmp_path / "ck"), "--resume")
     assert "--resume: no intact checkpoint of this plan" in line and "without --resume" in line

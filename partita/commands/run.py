@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
     gpus, nproc, rdzv = placement(scenario, args)
     plan = _plan(scenario, gpus)
     _check_backend(args.backend, nproc)
+    _check_host_memory(scenario, plan, nproc, args.backend)
     out = Path(args.out or Path("partita-run") / (scenario.name or path.stem))
     _check_files(args, plan)
     _check_outputs(args, out)
@@ -157,6 +158,39 @@ def _check_backend(backend: str, nproc: int) -> None:
     if have < nproc:
         raise PartitaError(f"--backend nccl runs one process per CUDA GPU: {nproc} needed on this "
                            f"machine, {have} found; use --backend gloo for CPU processes")
+
+
+def _check_host_memory(scenario, plan, nproc: int, backend: str) -> None:
+    """CPU processes hold every weight and its gradient in this machine's memory: refuse a plan
+    whose lower bound (weights + gradients at the training precision, no optimizer state, no
+    activations) exceeds the memory available now, instead of letting the workers be OOM-killed."""
+    if backend != "gloo":
+        return
+    from partita.planner.costmodel import element_bytes, total_params
+    available = _available_bytes()
+    if available is None:
+        return
+    model_bytes = total_params(scenario.model.resolve()) * element_bytes(plan.precision)
+    weights = model_bytes * (1 if plan.zero >= 3 else plan.data)    # ZeRO-3: sharded over data
+    grads = model_bytes * (1 if plan.zero >= 2 else plan.data)      # ZeRO-2: gradients too
+    need = (weights + grads) * nproc / plan.world                   # this machine's share
+    if need > available:
+        where = f"{scenario.origin}: " if scenario.origin else ""
+        raise PartitaError(f"{where}model: {nproc} CPU processes need at least {need / 2**30:,.1f} GiB "
+                           f"for weights and gradients alone, and this machine has "
+                           f"{available / 2**30:,.1f} GiB available; use a smaller model")
+
+
+def _available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else None (no check)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def _check_files(args: argparse.Namespace, plan) -> None:
