@@ -53,6 +53,10 @@ class _Config:
     def key(self, key: str) -> str:
         alias = self.aliases.get(key)
         self.used.update((key, alias) if alias else (key,))
+        mapping = self.check.mapping
+        if alias and key in mapping and alias in mapping and mapping[key] != mapping[alias]:
+            raise self.check.error(f"{mapping[key]!r}, but its alias {alias} is "
+                                   f"{mapping[alias]!r}; give one of them", key)
         if key not in self.check.mapping and alias and alias in self.check.mapping:
             key = alias
         if key in self.check.mapping and self.check.mapping[key] is None \

@@ -112,6 +112,8 @@ def test_hf_config_scenario_profiles(tmp_path, capsys):
      "model.hf_config.num_hidden_layer: unknown key; did you mean 'num_hidden_layers'?"),
     ({"model_type": "gpt2", "n_layer": None}, "model.hf_config.n_layer: null is not a value here"),
     ({"model_type": "bert", "hidden_size": None}, "model.hf_config.hidden_size: null is not a value here"),
+    ({"model_type": "gpt2", "n_layer": 4, "num_hidden_layers": 12},
+     "model.hf_config.n_layer: 4, but its alias num_hidden_layers is 12; give one of them"),
 ])
 def test_typos_and_nulls_are_errors_not_defaults(cfg, message):
     with pytest.raises(PartitaError) as exc:
