@@ -7,9 +7,12 @@ Layout under a checkpoint directory DIR (a file system every rank sees, as DCP's
 
 All ranks call `save_checkpoint`; each writes its shards into the tmp directory, then rank 0 writes
 `manifest.json` (plan fingerprint, step, world size, each rank's state key, the caller's `extra`, every
-file with its size) and renames the directory to its final name (one atomic `rename`). A directory
-counts as a checkpoint only if it has the final name and a manifest whose files are all there with
-their sizes, so a kill at any point leaves either the previous checkpoints or a complete new one.
+file with its size and SHA-256) and renames the directory to its final name (one atomic `rename`). A
+directory counts as a checkpoint only if it has the final name and a manifest whose files are all
+there with their sizes, so a kill at any point leaves either the previous checkpoints or a complete
+new one. Before a checkpoint is loaded every file's SHA-256 is checked against the manifest: a
+damaged one (altered bytes, same size) is never unpickled; `latest_checkpoint` passes over it to
+the newest intact checkpoint and says so on stderr.
 
 Model and optimizer state go through `torch.distributed.checkpoint.state_dict` (get_state_dict /
 set_state_dict), so plain modules and FSDP2 (`fully_shard`) modules both work; the CPU (and CUDA)
@@ -31,6 +34,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import uuid
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
@@ -49,7 +53,7 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 from partita.executor.faults import maybe_inject_fault
 from partita.planner.errors import PartitaError
 
-FORMAT = "partita-checkpoint/1"
+FORMAT = "partita-checkpoint/2"     # /2: files carry their SHA-256
 MANIFEST = "manifest.json"
 _FINAL = re.compile(r"^step-(\d{6,})$")
 _OPTIONS = StateDictOptions(flatten_optimizer_state_dict=True)
@@ -128,7 +132,7 @@ def save_checkpoint(directory: str | Path, step: int, model_parts: Sequence[nn.M
     if rank == 0:
         manifest = {"format": FORMAT, "step": step, "fingerprint": fingerprint, "world_size": world,
                     "state_keys": keys, "extra": json.loads(extra_text), "torch": torch.__version__,
-                    "files": _file_sizes(tmp)}
+                    "files": _file_digests(tmp)}
         _write_synced(tmp / MANIFEST, json.dumps(manifest, indent=1, sort_keys=True))
         _publish(tmp, final)
         _remove_stale(directory)
@@ -191,21 +195,48 @@ def _remove_stale(directory: Path) -> None:
 
 # ---------------------------------------------------------------- find and load
 
-def latest_checkpoint(directory: str | Path, *, fingerprint: str) -> int | None:
-    """The step of the newest complete checkpoint in `directory`, or None if there is none.
+def latest_checkpoint(directory: str | Path, *, fingerprint: str, verify: bool = True) -> int | None:
+    """The step of the newest intact checkpoint in `directory`, or None if there is none.
 
-    Raises PartitaError if that checkpoint was saved by a different plan (another fingerprint).
+    With `verify` (the default) every file's SHA-256 is checked; a newer checkpoint that is
+    damaged is passed over with a note on stderr (printed by the launching process, not by each
+    rank). Raises PartitaError if the checkpoint found was saved by a different plan.
     """
     directory = Path(directory)
     if not directory.is_dir():
         return None
     steps = sorted((int(m.group(1)) for m in map(_FINAL.match, os.listdir(directory)) if m),
                    reverse=True)
+    skipped: list[str] = []
     for step in steps:
-        manifest = read_manifest(directory / f"step-{step:06d}")
-        if manifest is not None:
-            _check_fingerprint(manifest, fingerprint, directory / f"step-{step:06d}")
+        path = directory / f"step-{step:06d}"
+        problem = checkpoint_problem(path, verify=verify)
+        if problem is None:
+            manifest = read_manifest(path)
+            _check_fingerprint(manifest, fingerprint, path)
+            _note_skipped(skipped, f"resuming from step {step}")
             return step
+        skipped.append(f"{path}: {problem}")
+    _note_skipped(skipped, "no intact checkpoint left")
+    return None
+
+
+def _note_skipped(skipped: list[str], outcome: str) -> None:
+    if skipped and not _distributed():
+        for line in skipped:
+            print(f"note: {line}; passed over ({outcome})", file=sys.stderr, flush=True)
+
+
+def checkpoint_problem(path: str | Path, *, verify: bool = True) -> str | None:
+    """Why `path` is not an intact checkpoint (torn, damaged, another format), or None if it is."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    if manifest is None:
+        return f"not a complete checkpoint (no valid {MANIFEST} of format {FORMAT} with all its files)"
+    if verify:
+        for name, entry in manifest["files"].items():
+            if _sha256(path / name) != entry["sha256"]:
+                return f"{name} does not match the SHA-256 in its {MANIFEST} (the file is damaged)"
     return None
 
 
@@ -217,10 +248,10 @@ def load_checkpoint(directory: str | Path, step: int, model_parts: Sequence[nn.M
     Every rank must call it, with the same parts and the same `state_key` as when saving.
     """
     path = Path(directory) / f"step-{step:06d}"
+    problem = checkpoint_problem(path)
+    if problem is not None:
+        raise PartitaError(f"{path}: {problem}")
     manifest = read_manifest(path)
-    if manifest is None:
-        raise PartitaError(f"{path}: not a complete checkpoint (no valid {MANIFEST} with all "
-                           "its files)")
     if fingerprint is not None:
         _check_fingerprint(manifest, fingerprint, path)
     rank, world = _rank(), _world()
@@ -264,9 +295,15 @@ def read_manifest(path: str | Path) -> dict[str, Any] | None:
     if not isinstance(manifest, dict) or any(k not in manifest for k in needed) \
             or manifest["format"] != FORMAT:
         return None
-    for name, size in manifest["files"].items():
+    files = manifest["files"]
+    if not isinstance(files, dict):
+        return None
+    for name, entry in files.items():
         file = path / name
-        if not file.is_file() or file.stat().st_size != size:
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+                or ".." in Path(name).parts or Path(name).is_absolute():
+            return None
+        if not file.is_file() or file.stat().st_size != entry.get("bytes"):
             return None
     return manifest
 
@@ -297,9 +334,17 @@ def _make_dir(directory: Path) -> None:
         raise PartitaError(f"{directory}: checkpoint directory is not writable")
 
 
-def _file_sizes(root: Path) -> dict[str, int]:
-    return {str(p.relative_to(root)): p.stat().st_size
+def _file_digests(root: Path) -> dict[str, dict[str, Any]]:
+    return {str(p.relative_to(root)): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
             for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def _write_synced(path: Path, text: str) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +27,7 @@ from typing import TextIO
 from partita.planner.errors import PartitaError
 
 RESULT_FILE = "result.json"
+JOB_PREFIX = "partita-run-"          # + <launcher pid>-<random>: the temporary job folder
 # [Note: restart store] With torchrun's default shared rendezvous store, workers restarted after a
 # failure (--max-restarts) can read the dead attempt's gloo addresses and fail with "Gloo
 # connectFullMesh failed ... Connection refused": 4 of 4 restarts under CPU contention on torch
@@ -94,7 +96,8 @@ def launch(job: Job, nproc_per_node: int, rdzv: Rendezvous, log: TextIO | None =
     log = log or sys.stderr
     out_dir = Path(job.out_dir)
     (out_dir / RESULT_FILE).unlink(missing_ok=True)
-    with tempfile.TemporaryDirectory(prefix="partita-run-") as tmp:
+    _remove_orphans()
+    with tempfile.TemporaryDirectory(prefix=f"{JOB_PREFIX}{os.getpid()}-") as tmp:
         job = Job(**{**asdict(job), "error_dir": tmp})
         job_path = Path(tmp) / "job.json"
         job_path.write_text(job.to_json(), encoding="utf-8")
@@ -109,12 +112,46 @@ def launch(job: Job, nproc_per_node: int, rdzv: Rendezvous, log: TextIO | None =
     return json.loads(result.read_text(encoding="utf-8")) if result.exists() else None
 
 
+def _remove_orphans() -> None:
+    """Job folders of launchers that were killed outright (SIGKILL runs no clean-up): a folder
+    is named after its launcher's process id and removed once that process is gone."""
+    root = Path(tempfile.gettempdir())
+    try:
+        entries = list(root.glob(f"{JOB_PREFIX}*-*"))
+    except OSError:
+        return
+    for entry in entries:
+        pid = entry.name[len(JOB_PREFIX):].split("-", 1)[0]
+        if not pid.isdigit() or not entry.is_dir() or entry.is_symlink():
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def _die_with_parent() -> None:
+    """In the torchrun child: be sent SIGTERM if the launcher dies, even by SIGKILL (Linux), so no
+    workers outlive it; torchrun stops its workers on SIGTERM."""
+    try:
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM, 0, 0, 0)      # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _stream(cmd: list[str], log: TextIO) -> int:
     """Run `cmd`, copying its output line by line to `log`; its exit status. If this process is
     interrupted or terminated, torchrun is terminated too (it stops its workers)."""
     env = {**os.environ, **TORCHRUN_ENV}
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            bufsize=1, env=env)
+                            bufsize=1, env=env,
+                            preexec_fn=_die_with_parent if sys.platform == "linux" else None)
     main_thread = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:

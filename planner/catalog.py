@@ -51,6 +51,7 @@ from __future__ import annotations
 import copy
 import math
 import os
+import stat
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -58,7 +59,7 @@ from typing import Any
 
 from partita.planner.catalog_schema import (GBIT, check_keys, check_price_extras, parse_gpu, parse_system,
                                     source_list)
-from partita.planner.documents import Checker, load_document
+from partita.planner.documents import Checker, load_document, read_text
 from partita.planner.errors import PartitaError, closest, unknown_name
 from partita.planner.hardware import GPU, Fabric, Network, Price, System
 from partita.planner.paths import CATALOG_DIR
@@ -92,11 +93,16 @@ def load_catalog(extra: str | Path | None = None) -> "Catalog":
 
 def _stamp(path: Path) -> tuple[str, int, int]:
     """(path, mtime, size): the cache key of one layer; a missing file fails here, uncached."""
-    if not path.exists():
-        raise PartitaError(f"{path}: no such file (a catalog file: YAML or JSON with gpus:/systems:)")
-    if path.is_dir():
+    try:
+        st = path.stat()
+    except OSError:
+        if not path.is_symlink() and not path.parent.is_dir() or not os.path.lexists(path):
+            raise PartitaError(f"{path}: no such file (a catalog file: YAML or JSON with "
+                               "gpus:/systems:)") from None
+        read_text(path)      # names what is wrong (no such file, a link loop, permission)
+        raise
+    if stat.S_ISDIR(st.st_mode):
         raise PartitaError(f"{path}: is a directory, expected a .yaml, .yml or .json file")
-    st = path.stat()
     return (str(path), st.st_mtime_ns, st.st_size)
 
 
@@ -158,8 +164,15 @@ def _merge_document(doc: dict[str, Any], origin: str, raw: dict[str, dict[str, _
         if not isinstance(items, list):
             raise top.error(f"expected a list of entries (each with a name), got "
                             f"{type(items).__name__}", section)
+        first: dict[str, int] = {}
         for i, item in enumerate(items):
-            _merge_entry(Checker(item, f"{section}[{i}]", origin), section, raw[section])
+            c = Checker(item, f"{section}[{i}]", origin)
+            name = str(c.str("name", required=True)).lower()
+            if name in first:
+                raise c.error(f"{c.mapping['name']!r} is also {section}[{first[name]}] of this file; "
+                              "give each name once (a later file may override it)", "name")
+            first[name] = i
+            _merge_entry(c, section, raw[section])
 
 
 def _merge_entry(c: Checker, section: str, table: dict[str, _Raw]) -> None:
@@ -256,12 +269,21 @@ class Catalog:
         scenario must give cluster.intra_node_gbps / inter_node_gbps.
         """
         where = f"{origin}: " if origin else ""
-        system = apply_overrides(self.system(cluster.system), gpus_per_node=cluster.gpus_per_node,
+        try:
+            named = self.system(cluster.system)
+        except PartitaError as exc:
+            raise PartitaError(f"{where}cluster.system: {exc}") from None
+        system = apply_overrides(named, gpus_per_node=cluster.gpus_per_node,
                                  intra_node_gbps=cluster.intra_node_gbps,
                                  inter_node_gbps=cluster.inter_node_gbps)
         per_node = system.gpus_per_node
         gpus = cluster.gpus if cluster.gpus is not None else cluster.nodes * per_node
         nodes = cluster.nodes if cluster.nodes is not None else math.ceil(gpus / per_node)
+        from partita.planner.scenario import LIMITS
+        if gpus > LIMITS["cluster.gpus"]:
+            limit = LIMITS["cluster.gpus"]
+            raise PartitaError(f"{where}cluster.nodes: {cluster.nodes} nodes of {per_node} GPUs "
+                               f"are {gpus:,} GPUs, more than partita's limit of {limit:,}")
         if min(gpus, per_node) > 1 and system.intra.bytes_per_s is None:
             raise PartitaError(f"{where}cluster.system {system.name}: GPU-to-GPU bandwidth inside a "
                                "node is not known; set cluster.intra_node_gbps (per GPU, one "

@@ -34,6 +34,17 @@ PRICE_KEYS = ("on_demand_usd_per_hour", "sagemaker_usd_per_hour", "spot_usd_per_
 SECTION_KEYS = {"intra_node": FABRIC_KEYS, "inter_node": NETWORK_KEYS, "price": PRICE_KEYS}
 FLOPS_SECTIONS = ("peak_dense_tflops", "measured_matmul_tflops")
 
+# Plausible ranges of the numbers in file units (both ends far outside any real device), so a
+# typo (1e-12 GiB, 1e300 TFLOP/s) is an error naming the range instead of a nonsense prediction
+# or an overflow.
+RANGES = {
+    "memory_gib": (1 / 8, 1e5), "mem_bw_GBps": (0.1, 1e6), "tflops": (1e-6, 1e6),
+    "nvlink_unidir_GBps": (1e-3, 1e6), "pcie_unidir_GBps": (1e-3, 1e6), "unidir_GBps": (1e-3, 1e6),
+    "latency_us": (1e-3, 1e7), "nic_gbps": (1e-3, 1e7), "host_memory_gib": (1 / 8, 1e7),
+    "usd_per_hour": (1e-6, 1e7),
+}
+MAX_COUNTS = {"gpus_per_node": 1024, "vcpus": 1 << 20, "nics": 1024}
+
 SYSTEM_KINDS = ("cloud", "onprem", "local")      # "sagemaker" systems are derived, never written
 FABRIC_KINDS = ("nvswitch", "nvlink-cube-mesh", "nvlink", "pcie", "host", "none")
 NETWORK_KINDS = ("efa", "infiniband", "roce", "ethernet", "omnipath", "none")
@@ -81,8 +92,8 @@ def parse_gpu(c: Checker) -> GPU:
             "(measured_matmul_tflops), not datasheet peaks.")
     return GPU(
         name=c.str("name", required=True), display_name=c.str("display_name", "") or "",
-        memory_bytes=round(c.number("memory_gib", required=True) * GIB),
-        memory_bandwidth_bytes_per_s=c.number("mem_bw_GBps", required=True) * GB,
+        memory_bytes=round(_in_range(c, "memory_gib", required=True) * GIB),
+        memory_bandwidth_bytes_per_s=_in_range(c, "mem_bw_GBps", required=True) * GB,
         peak_flops=peaks, nvlink_bytes_per_s=_scaled(c, "nvlink_unidir_GBps", GB),
         pcie_bytes_per_s=_scaled(c, "pcie_unidir_GBps", GB), source=source_list(c, required=True),
         notes=notes, datasheet_flops=datasheet, measured_matmul_flops=measured,
@@ -101,15 +112,16 @@ def parse_system(c: Checker, gpus: dict[str, GPU]) -> System:
     gpu = gpus.get(gpu_name.lower())
     if gpu is None:
         raise c.error(str(unknown_name("GPU", gpu_name, [g.name for g in gpus.values()])), "gpu")
-    per_node = c.int("gpus_per_node", required=True)
+    per_node = c.int("gpus_per_node", required=True, maximum=MAX_COUNTS["gpus_per_node"])
     intra = parse_fabric(c.sub("intra_node"))
     if intra.kind == "none" and per_node > 1:
         raise c.error(f"kind none (no GPU-to-GPU link) needs gpus_per_node 1, got {per_node}",
                       "intra_node.kind")
-    host = c.number("host_memory_gib")
+    host = _in_range(c, "host_memory_gib")
     return System(
         name=name, kind=kind, gpu=gpu, gpus_per_node=per_node, intra=intra,
-        inter=parse_network(c.sub("inter_node")), vcpus=c.int("vcpus"),
+        inter=parse_network(c.sub("inter_node")),
+        vcpus=c.int("vcpus", maximum=MAX_COUNTS["vcpus"]),
         host_memory_bytes=round(host * GIB) if host is not None else None,
         price=parse_price(c.sub("price", required=False)), source=source_list(c, required=True),
         notes=c.str("notes", "") or "",
@@ -126,8 +138,9 @@ def parse_fabric(c: Checker) -> Fabric:
 
 def parse_network(c: Checker) -> Network:
     kind = _required_choice(c, "kind", NETWORK_KINDS)
-    nics = c.int("nics", 0 if kind == "none" else None, minimum=0, required=kind != "none")
-    gbps = c.number("nic_gbps")
+    nics = c.int("nics", 0 if kind == "none" else None, minimum=0, required=kind != "none",
+                 maximum=MAX_COUNTS["nics"])
+    gbps = _in_range(c, "nic_gbps")
     if kind == "none" and (nics or gbps is not None):
         raise c.error("kind none has no NICs; remove nics/nic_gbps or name the network kind")
     if kind != "none" and nics == 0:
@@ -143,9 +156,9 @@ def parse_network(c: Checker) -> Network:
 def parse_price(c: Checker | None) -> Price:
     if c is None:
         return Price()
-    return Price(on_demand_usd_per_hour=c.number("on_demand_usd_per_hour"),
-                 sagemaker_usd_per_hour=c.number("sagemaker_usd_per_hour"),
-                 spot_usd_per_hour=c.number("spot_usd_per_hour"),
+    return Price(on_demand_usd_per_hour=_in_range(c, "on_demand_usd_per_hour"),
+                 sagemaker_usd_per_hour=_in_range(c, "sagemaker_usd_per_hour"),
+                 spot_usd_per_hour=_in_range(c, "spot_usd_per_hour"),
                  date=_date(c, "date"), region=c.str("region"), source=source_list(c),
                  sagemaker_date=_date(c, "sagemaker_date"))
 
@@ -154,7 +167,7 @@ def check_price_extras(c: Checker | None) -> None:
     """The price keys that only describe (not used by the simulator) still get type checks."""
     if c is not None:
         for key in ("on_demand_before_2025_06_usd_per_hour", "capacity_block_usd_per_hour"):
-            c.number(key)
+            _in_range(c, key)
         c.str("notes")
 
 
@@ -165,14 +178,21 @@ def _flops(c: Checker, key: str) -> dict[str, float | None]:
     out: dict[str, float | None] = {}
     for p in PRECISIONS:
         if p in sub.mapping:
-            value = sub.number(p)
+            value = _in_range(sub, p, "tflops")
             out[p] = float(round(value * TFLOPS)) if value is not None else None
     return out
 
 
 def _scaled(c: Checker, key: str, unit: float) -> float | None:
-    value = c.number(key)
+    value = _in_range(c, key)
     return value * unit if value is not None else None
+
+
+def _in_range(c: Checker, key: str, kind: str | None = None, required: bool = False) -> float | None:
+    """A number within RANGES[kind or key] (file units); `*_usd_per_hour` keys share one range."""
+    kind = kind or ("usd_per_hour" if key.endswith("usd_per_hour") else key)
+    low, high = RANGES[kind]
+    return c.number(key, minimum=low, maximum=high, required=required)
 
 
 def _required_choice(c: Checker, key: str, choices: tuple[str, ...]) -> str:

@@ -13,11 +13,11 @@ class PartitaError(Exception):
     """Bad or infeasible input. The message is shown to the user as is, after `error: `."""
 
 
-def closest(name: str, choices: Iterable[str], n: int = 3) -> list[str]:
+def closest(name: str, choices: Iterable[str], n: int = 3, cutoff: float = 0.5) -> list[str]:
     """The valid names closest to a misspelt `name` (case-insensitive), best first."""
     choices = list(choices)
     lower = {c.lower(): c for c in choices}
-    hits = difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=0.5)
+    hits = difflib.get_close_matches(name.lower(), list(lower), n=n, cutoff=cutoff)
     return [lower[h] for h in hits]
 
 

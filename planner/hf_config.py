@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from partita.planner.documents import Checker
-from partita.planner.errors import PartitaError, unknown_name
+from partita.planner.errors import PartitaError, closest, unknown_name
 from partita.planner.modelspec import TransformerDims
 
 WHERE = "model.hf_config"
@@ -26,27 +26,66 @@ ALIASES = {
 }
 
 
+# keys whose null means "derive it" in the transformers classes (GPT2Config.n_inner = None ->
+# 4*n_embd; LlamaConfig.num_key_value_heads / head_dim = None -> heads / hidden // heads)
+NULL_MEANS_DEFAULT = ("n_inner", "num_key_value_heads", "head_dim")
+# common config.json keys that do not change the shape; never taken for a misspelling
+SHAPELESS = ("n_ctx", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "rope_theta",
+             "rope_scaling", "bos_token_id", "eos_token_id", "pad_token_id", "torch_dtype",
+             "architectures", "transformers_version", "use_cache", "initializer_range",
+             "initializer_factor", "dropout_rate", "attention_dropout", "hidden_dropout_prob",
+             "attention_probs_dropout_prob", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+             "decoder_start_token_id", "is_encoder_decoder", "activation_function",
+             "position_embedding_type", "pretraining_tp", "num_decoder_layers")
+
+
 class _Config:
-    """Typed reads of the config with HF defaults; errors name `model.hf_config.<key>`."""
+    """Typed reads of the config with HF defaults; errors name `model.hf_config.<key>`.
+
+    A key given as null, or misspelt (close to a key this reader uses), is an error rather than
+    a silent default: `n_layers: 4` must not give GPT2Config's 12 layers."""
 
     def __init__(self, cfg: dict[str, Any], model_type: str):
         self.check = Checker(cfg, WHERE, "")
         self.aliases = ALIASES.get(model_type, {})
+        self.used: set[str] = {"model_type"}
 
     def key(self, key: str) -> str:
         alias = self.aliases.get(key)
-        if not self.check.has(key) and alias and self.check.has(alias):
-            return alias
+        self.used.update((key, alias) if alias else (key,))
+        mapping = self.check.mapping
+        if alias and key in mapping and alias in mapping and mapping[key] != mapping[alias]:
+            raise self.check.error(f"{mapping[key]!r}, but its alias {alias} is "
+                                   f"{mapping[alias]!r}; give one of them", key)
+        if key not in self.check.mapping and alias and alias in self.check.mapping:
+            key = alias
+        if key in self.check.mapping and self.check.mapping[key] is None \
+                and key not in NULL_MEANS_DEFAULT:
+            raise self.check.error("null is not a value here; give the value or leave the key "
+                                   "out for the transformers default", key)
         return key
 
     def int(self, key: str, default: int | None) -> int | None:
         return self.check.int(self.key(key), default)
 
     def bool(self, key: str, default: bool) -> bool:
-        return self.check.bool(key, default)
+        return self.check.bool(self.key(key), default)
+
+    def check_spelling(self) -> None:
+        """A key close to one this reader uses but not used itself is taken for a typo."""
+        known = sorted(self.used)
+        for key in self.check.mapping:
+            key = str(key)
+            if key in self.used or key in SHAPELESS:
+                continue
+            near = closest(key, known, n=1, cutoff=0.85)
+            if near:
+                raise self.check.error(f"unknown key; did you mean {near[0]!r}? (a misspelt key "
+                                       "would silently take the transformers default)", key)
 
     def require(self, key: str, allowed: tuple[Any, ...], default: Any) -> None:
         """Reject a value the torch models do not implement (it would change the parameters)."""
+        self.used.add(key)
         value = self.check.mapping.get(key, default)
         if value not in allowed:
             shown = ", ".join(repr(a) for a in allowed)
@@ -63,7 +102,10 @@ def dims_from_hf_config(cfg: dict[str, Any]) -> TransformerDims:
                            f"(expected one of {', '.join(sorted(READERS))})")
     if model_type not in READERS:
         raise unknown_name(f"{WHERE}.model_type", str(model_type), READERS)
-    return READERS[model_type](_Config(cfg, model_type))
+    config = _Config(cfg, model_type)
+    dims = READERS[model_type](config)
+    config.check_spelling()
+    return dims
 
 
 def _gpt2(c: _Config) -> TransformerDims:

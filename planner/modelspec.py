@@ -83,6 +83,7 @@ class ModelSpec:
     module: str | None = None
     seq_len: int | None = None      # override / required for module
     vocab: int | None = None        # required for module (token ids fed to it)
+    origin: str = field(default="", compare=False)  # the scenario file: `module` is found beside it
 
     @property
     def kind(self) -> str:

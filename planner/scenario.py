@@ -34,6 +34,25 @@ PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap")
 
+# Upper bounds on sizes, far above any real job, so that a typo (1e30 layers, 10^9 GPUs) is an error
+# naming the limit instead of a simulation that allocates per layer or micro-batch without end.
+LIMITS = {
+    "model.layers": 1024, "model.decoder_layers": 1024, "model.hidden": 1 << 20,
+    "model.heads": 1 << 16, "model.kv_heads": 1 << 16, "model.head_dim": 1 << 16,
+    "model.ffn_hidden": 1 << 22, "model.seq_len": 1 << 24, "model.vocab": 1 << 24,
+    "model.max_positions": 1 << 24,
+    "cluster.gpus": 1 << 20, "cluster.nodes": 1 << 17, "cluster.gpus_per_node": 1024,
+    "training.global_batch": 1 << 24, "training.micro_batch": 1 << 16,
+    "parallel.tensor": 1024, "parallel.pipeline": 4096, "parallel.context": 1024,
+    "parallel.data": 1 << 20, "parallel.virtual_stages": 1024,
+}
+MAX_GBPS = 1e6                        # cluster.*_gbps what-ifs: Gbit/s
+MAX_PIPELINE_ACTIONS = 1_000_000      # pipeline * virtual_stages * micro-batches: the schedule's size
+
+
+def _lim(c: Checker, key: str) -> int:
+    return LIMITS[c.key_path(key)]
+
 
 @dataclass(frozen=True)
 class ClusterSpec:
@@ -137,7 +156,7 @@ class Scenario:
 def find_scenario_file(name: str | Path) -> Path:
     """A path as given, or the name of a shipped example in data/scenarios (with or without .yaml)."""
     path = Path(name)
-    if path.exists():
+    if path.exists() or path.is_symlink():    # a dangling link or a loop: read_text says which
         return path
     for candidate in (SCENARIOS_DIR / f"{name}.yaml", SCENARIOS_DIR / str(name)):
         if candidate.is_file():
@@ -159,7 +178,7 @@ def parse_scenario(doc: dict[str, Any], origin: str = "") -> Scenario:
     top = Checker(doc, "", origin)
     top.only(TOP_KEYS)
     name = top.str("name", "") or ""
-    model = _parse_model(top.sub("model"))
+    model = _with_origin(origin, lambda: _parse_model(top.sub("model")))
     cluster = _parse_cluster(top.sub("cluster"))
     training = _parse_training(top.sub("training"))
     psec = top.sub("parallel", required=False)
@@ -171,6 +190,17 @@ def parse_scenario(doc: dict[str, Any], origin: str = "") -> Scenario:
     return scenario
 
 
+def _with_origin(origin: str, parse):
+    """`parse()`, its PartitaErrors prefixed with the file when they lack it."""
+    try:
+        return parse()
+    except PartitaError as exc:
+        msg = str(exc)
+        if origin and not msg.startswith(f"{origin}: "):
+            raise PartitaError(f"{origin}: {msg}") from None
+        raise
+
+
 def _parse_model(c: Checker) -> ModelSpec:
     c.only(MODEL_KEYS)
     forms = [k for k in ("preset", "hf_config", "module") if c.has(k)]
@@ -179,46 +209,70 @@ def _parse_model(c: Checker) -> ModelSpec:
         given = forms + (["arch (transformer dims)"] if has_dims else [])
         raise c.error("expected exactly one of: transformer dims (arch, layers, ...), preset, "
                       f"hf_config, module; got {', '.join(given) if given else 'none'}")
-    seq_len = c.int("seq_len")
+    seq_len = c.int("seq_len", maximum=_lim(c, "seq_len"))
     if forms == ["preset"]:
         c.only(("preset", "seq_len"))
-        return ModelSpec(preset=c.str("preset"), seq_len=seq_len)
+        spec = ModelSpec(preset=c.str("preset"), seq_len=seq_len)
+        try:
+            spec.resolve()
+        except PartitaError as exc:
+            raise c.error(str(exc), "preset") from None
+        return spec
     if forms == ["hf_config"]:
         c.only(("hf_config", "seq_len"))
         cfg = c.sub("hf_config")
-        return ModelSpec(hf_config=dict(cfg.mapping), seq_len=seq_len)
+        spec = ModelSpec(hf_config=dict(cfg.mapping), seq_len=seq_len)
+        _check_dim_limits(spec.resolve(), c)
+        return spec
     if forms == ["module"]:
         c.only(("module", "seq_len", "vocab"))
         module = c.str("module")
         if ":" not in module:
             raise c.error(f"expected 'package.module:function', got {module!r}", "module")
-        return ModelSpec(module=module, seq_len=c.int("seq_len", required=True),
-                         vocab=c.int("vocab", required=True))
+        return ModelSpec(module=module, origin=c.origin,
+                         seq_len=c.int("seq_len", required=True, maximum=_lim(c, "seq_len")),
+                         vocab=c.int("vocab", required=True, maximum=_lim(c, "vocab")))
     arch = c.choice("arch", ARCHS)
+    def size(key: str, required: bool = False) -> int:
+        return c.int(key, None if required else 0, required=required, maximum=_lim(c, key))
+
     dims = TransformerDims(
-        arch=arch, layers=c.int("layers", required=True), hidden=c.int("hidden", required=True),
-        heads=c.int("heads", required=True), seq_len=c.int("seq_len", required=True),
-        vocab=c.int("vocab", required=True), kv_heads=c.int("kv_heads", 0),
-        ffn_hidden=c.int("ffn_hidden", 0), head_dim=c.int("head_dim", 0),
-        decoder_layers=c.int("decoder_layers", 0), max_positions=c.int("max_positions", 0),
+        arch=arch, layers=size("layers", True), hidden=size("hidden", True),
+        heads=size("heads", True), seq_len=size("seq_len", True),
+        vocab=size("vocab", True), kv_heads=size("kv_heads"),
+        ffn_hidden=size("ffn_hidden"), head_dim=size("head_dim"),
+        decoder_layers=size("decoder_layers"), max_positions=size("max_positions"),
         tie_embeddings=c.bool("tie_embeddings", arch != "llama"), name=c.str("name", "") or "")
     return ModelSpec(dims=dims)
+
+
+def _check_dim_limits(d: TransformerDims, c: Checker) -> None:
+    """The size limits for dimensions read from elsewhere (a Hugging Face config)."""
+    for key in ("layers", "decoder_layers", "hidden", "heads", "kv_heads", "head_dim", "ffn_hidden",
+                "seq_len", "vocab", "max_positions"):
+        limit = LIMITS[f"model.{key}"]
+        if getattr(d, key) > limit:
+            raise c.error(f"{key} = {getattr(d, key):,} is more than partita's limit of {limit:,}",
+                          "hf_config")
 
 
 def _parse_cluster(c: Checker) -> ClusterSpec:
     c.only(CLUSTER_KEYS)
     if c.has("gpus") == c.has("nodes"):
         raise c.error("expected exactly one of gpus or nodes")
-    return ClusterSpec(system=c.str("system", required=True), gpus=c.int("gpus"),
-                       nodes=c.int("nodes"), inter_node_gbps=c.number("inter_node_gbps"),
-                       intra_node_gbps=c.number("intra_node_gbps"),
-                       gpus_per_node=c.int("gpus_per_node"))
+    return ClusterSpec(system=c.str("system", required=True),
+                       gpus=c.int("gpus", maximum=_lim(c, "gpus")),
+                       nodes=c.int("nodes", maximum=_lim(c, "nodes")),
+                       inter_node_gbps=c.number("inter_node_gbps", maximum=MAX_GBPS),
+                       intra_node_gbps=c.number("intra_node_gbps", maximum=MAX_GBPS),
+                       gpus_per_node=c.int("gpus_per_node", maximum=_lim(c, "gpus_per_node")))
 
 
 def _parse_training(c: Checker) -> TrainingSpec:
     c.only(TRAINING_KEYS)
-    return TrainingSpec(global_batch=c.int("global_batch", required=True),
-                        micro_batch=c.int("micro_batch", 1),
+    return TrainingSpec(global_batch=c.int("global_batch", required=True,
+                                           maximum=_lim(c, "global_batch")),
+                        micro_batch=c.int("micro_batch", 1, maximum=_lim(c, "micro_batch")),
                         precision=c.choice("precision", PRECISIONS, "bf16"),
                         recompute=c.choice("recompute", RECOMPUTE, "none"),
                         optimizer=c.choice("optimizer", OPTIMIZERS, "adam"),
@@ -229,7 +283,7 @@ def _parse_training(c: Checker) -> TrainingSpec:
 def _parse_parallel(c: Checker) -> ParallelSpec:
     c.only(PARALLEL_KEYS)
     schedule = c.choice("schedule", SCHEDULES, "1f1b")
-    virtual = c.int("virtual_stages", 1)
+    virtual = c.int("virtual_stages", 1, maximum=_lim(c, "virtual_stages"))
     if virtual > 1 and schedule != "interleaved-1f1b":
         raise c.error(f"only for schedule interleaved-1f1b (schedule is {schedule}), got {virtual}",
                       "virtual_stages")
@@ -237,8 +291,11 @@ def _parse_parallel(c: Checker) -> ParallelSpec:
     if zero > 3:
         raise c.error(f"expected 0, 1, 2 or 3, got {zero}", "zero")
     return ParallelSpec(
-        tensor=c.int("tensor", 1), pipeline=c.int("pipeline", 1), data=c.int("data", 1),
-        context=c.int("context", 1), sequence_parallel=c.bool("sequence_parallel", False),
+        tensor=c.int("tensor", 1, maximum=_lim(c, "tensor")),
+        pipeline=c.int("pipeline", 1, maximum=_lim(c, "pipeline")),
+        data=c.int("data", 1, maximum=_lim(c, "data")),
+        context=c.int("context", 1, maximum=_lim(c, "context")),
+        sequence_parallel=c.bool("sequence_parallel", False),
         schedule=schedule, virtual_stages=virtual, zero=zero,
         overlap_grad_reduce=c.bool("overlap_grad_reduce", True),
         overlap_param_gather=c.bool("overlap_param_gather", True),
@@ -256,7 +313,8 @@ def _parse_stages(c: Checker) -> tuple[tuple[int, int], ...] | None:
     out = []
     for i, item in enumerate(raw):
         ok = (isinstance(item, (list, tuple)) and len(item) == 2
-              and all(isinstance(x, int) and not isinstance(x, bool) for x in item))
+              and all(isinstance(x, int) and not isinstance(x, bool) for x in item)
+              and item[1] <= 2 * LIMITS["model.layers"])
         if not ok or not 0 <= item[0] < item[1]:
             raise c.error(f"entry {i}: expected [start, stop) with 0 <= start < stop, got {item!r}",
                           "stages")
@@ -281,6 +339,11 @@ def check_plan(s: Scenario, gpus: int, dims: TransformerDims | None = None) -> N
         raise fail(f"training.global_batch ({t.global_batch}) must be divisible by "
                    f"micro_batch*data ({t.micro_batch}*{p.data} = {t.micro_batch * p.data})")
     m = t.global_batch // (t.micro_batch * p.data)
+    actions = p.pipeline * p.virtual_stages * m
+    if actions > MAX_PIPELINE_ACTIONS:
+        raise fail(f"parallel: pipeline*virtual_stages*micro-batches = {p.pipeline}*{p.virtual_stages}"
+                   f"*{m} = {actions:,} pipeline steps, more than partita's limit of "
+                   f"{MAX_PIPELINE_ACTIONS:,}; use a larger training.micro_batch")
     if p.schedule == "interleaved-1f1b" and p.pipeline > 1 and m % p.pipeline:
         raise fail(f"parallel.schedule interleaved-1f1b needs micro-batches per replica ({m}) "
                    f"to be a multiple of pipeline ({p.pipeline})")
@@ -297,13 +360,15 @@ def _dims_or_none(s: Scenario) -> TransformerDims | None:
 
 def _check_dims(d: TransformerDims, p: ParallelSpec, fail) -> None:
     chunks = p.pipeline * p.virtual_stages
+    if d.total_layers < chunks:
+        raise fail(f"parallel: pipeline*virtual_stages ({p.pipeline}*{p.virtual_stages} = {chunks}) "
+                   f"exceeds the model's {d.total_layers} layers; every stage needs at least one "
+                   "layer (use a smaller parallel.pipeline)")
     if p.stages is not None:
         check_stages(p.stages, chunks, d.total_layers, fail)
     elif d.total_layers % chunks and p.pipeline > 1:
         raise fail(f"model has {d.total_layers} layers, not divisible by pipeline*virtual_stages "
                    f"({p.pipeline}*{p.virtual_stages} = {chunks}); give parallel.stages explicitly")
-    if d.total_layers < chunks:
-        raise fail(f"pipeline*virtual_stages ({chunks}) exceeds the model's {d.total_layers} layers")
     if d.heads % p.tensor:
         raise fail(f"model.heads ({d.heads}) must be divisible by parallel.tensor ({p.tensor})")
     if d.kv_heads % p.tensor and p.tensor % d.kv_heads:

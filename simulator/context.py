@@ -46,6 +46,10 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
     if gpus > system.gpus_per_node and gpus % system.gpus_per_node:
         raise PartitaError(f"{where}cluster.gpus ({gpus}) must fill whole {system.name} nodes "
                            f"of {system.gpus_per_node} GPUs (or be at most one node)")
+    try:                                  # precision supported by this GPU? (before any model code)
+        system.gpu.peak(scenario.training.precision)
+    except PartitaError as exc:
+        raise PartitaError(f"{where}training.precision: {exc}") from None
     dims = scenario.model.resolve()
     check_plan(scenario, gpus, dims)
     profile = None
@@ -53,7 +57,6 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
         from partita.simulator import profiled
         profile = profiled.load_profile(scenario)
         profiled.check(scenario, profile)
-    system.gpu.peak(scenario.training.precision)     # precision supported by this GPU?
     p = scenario.parallel
     placement = Placement(p.tensor, p.context, p.data, p.pipeline,
                           min(system.gpus_per_node, gpus))

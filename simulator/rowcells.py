@@ -6,9 +6,11 @@ layout) is appended to `notes`, which `partita validate` prints as the row's ass
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import TYPE_CHECKING, Any
 
+from partita.planner.errors import PartitaError
 from partita.planner.modelspec import preset_dims, preset_names
 
 if TYPE_CHECKING:
@@ -64,9 +66,12 @@ def optional_number(row: dict[str, str], col: str) -> float | None:
     if missing(text):
         return None
     try:
-        return float(text)
+        value = float(text)
     except ValueError:
         raise Skip("incomplete", f"{col} {text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise PartitaError(f"{col} {text!r}: expected a positive, finite number")
+    return value
 
 
 def check_simulable(row: dict[str, str], rules: "Rules") -> None:
@@ -98,6 +103,8 @@ def metric_value(row: dict[str, str], notes: list[str]) -> float:
         value = float(text.lstrip("~").replace(",", ""))
     except ValueError:
         raise Skip("incomplete", f"value {text!r} is not a number") from None
+    if not (math.isfinite(value) and value > 0):
+        raise PartitaError(f"value {text!r} ({row['metric']}): expected a positive, finite number")
     if approx:
         notes.append(f"value {text}: approximate as published, taken as {value:g}")
     return value

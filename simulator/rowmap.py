@@ -9,11 +9,13 @@ scenario document plus the measured seconds per step, or says why the row cannot
 from __future__ import annotations
 
 import csv
+import io
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from partita.planner.documents import Checker, load_document
+from partita.planner.documents import Checker, load_document, read_text
 from partita.planner.errors import PartitaError, closest
 from partita.planner.paths import VALIDATION_DIR
 from partita.planner.scenario import FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES, Scenario, parse_scenario
@@ -141,15 +143,14 @@ def _settings(c: Checker) -> dict[str, tuple[Any, str]]:
 def read_rows(path: str | Path | None = None) -> list[dict[str, str]]:
     """The CSV's rows as dicts of stripped strings; unknown or missing key columns are errors."""
     path = Path(path) if path is not None else DEFAULT_CSV
-    if not path.exists():
-        raise PartitaError(f"{path}: no such file")
-    if path.is_dir():
-        raise PartitaError(f"{path}: is a directory, expected a CSV file")
-    with open(path, newline="", encoding="utf-8") as fh:
-        reader = csv.DictReader(fh)
+    text = read_text(path)          # regular files only, size-capped, UTF-8 (else one error line)
+    try:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
         header = reader.fieldnames or []
         _check_header(path, header)
         rows = [{k: (v or "").strip() for k, v in raw.items() if k is not None} for raw in reader]
+    except csv.Error as exc:
+        raise PartitaError(f"{path}: line {reader.line_num}: not a valid CSV: {exc}") from None
     seen: set[str] = set()
     for n, row in enumerate(rows, start=2):
         if not row["id"]:
@@ -187,6 +188,8 @@ def map_row(row: dict[str, str], rules: Rules, origin: str = "") -> MappedRow | 
         peak_memory = cells.optional_number(row, "peak_memory_GiB")
     except Skip as skip:
         return SkippedRow(row["id"], row["model"], skip.kind, str(skip))
+    except PartitaError as exc:      # a malformed measurement: bad input, not a skipped row
+        raise PartitaError(f"{origin or DEFAULT_CSV}: row {row['id']}: {exc}") from None
     return MappedRow(row_id=row["id"], source_key=row["source_key"], model=row["model"],
                      gpus=scenario.parallel.gpus, document=doc, scenario=scenario,
                      measured_step_s=measured.step_time_s, conversion=measured.formula,
@@ -241,6 +244,9 @@ def _measured(row: dict[str, str], s: Scenario, rules: Rules, notes: list[str]):
                                          peak_tflops=rules.mfu_peak_tflops(row["gpu"]))
     except Unconvertible as exc:
         raise Skip("ratio", str(exc)) from None
+    if not (math.isfinite(measured.step_time_s) and measured.step_time_s > 0):
+        raise PartitaError(f"value {row['value']!r} ({row['metric']}) gives a step time of "
+                           f"{measured.step_time_s!r} s; expected a positive, finite time")
     if measured.convention:
         notes.extend(flop_notes)
     return measured

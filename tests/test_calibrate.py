@@ -101,22 +101,25 @@ def test_threads_per_process_shares_the_cores(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--gpus", "0"], "--gpus: expected a number of processes >= 1, got 0"),
-    (["--gpus", "two"], "--gpus: expected a whole number of processes, got 'two'"),
+    (["--gpus", "0"], "argument --gpus: expected a number of processes from 1 to 1024, got 0"),
+    (["--gpus", "two"], "argument --gpus: expected a whole number of processes, got 'two'"),
 ])
-def test_bad_process_count_is_one_error_line(argv, message, capsys):
-    assert main(["calibrate", "--quick", "--device", "cpu", *argv]) == 1
-    err = capsys.readouterr().err
-    assert err.strip() == f"error: {message}"
+def test_bad_process_count_is_a_usage_error(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["calibrate", "--quick", "--device", "cpu", *argv])
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(message)
 
 
 def test_cuda_without_a_device_is_one_error_line(capsys):
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert main(["calibrate", "--quick", "--device", "cuda", "--gpus", "1"]) == 1
-    err = capsys.readouterr().err
-    assert err.startswith("error: --device cuda: no CUDA device is visible") and err.count("\n") == 1
+    for gpus in (["--gpus", "1"], []):       # without --gpus: no word about `--gpus 0`
+        assert main(["calibrate", "--quick", "--device", "cuda", *gpus]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("error: --device cuda: no CUDA device is visible") and err.count("\n") == 1
+        assert "--gpus" not in err
 
 
 def test_output_path_that_is_a_directory_fails_before_measuring(tmp_path, capsys):

@@ -338,3 +338,34 @@ def test_missing_file_from_environment(capsys, monkeypatch):
 def test_unknown_gpu_lookup_suggests(catalog):
     with pytest.raises(PartitaError, match=r"unknown GPU 'a100'; did you mean 'a100-40gb', 'a100-80gb'"):
         catalog.gpu("a100")
+
+
+HX_GPU = {"name": "hx-gpu", "memory_gib": 16, "mem_bw_GBps": 900, "peak_dense_tflops": {"bf16": 120},
+          "source": ["test"]}
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("peak_dense_tflops", {"bf16": 1.0e300}, "gpus[0].peak_dense_tflops.bf16: must be <= 1e+06"),
+    ("memory_gib", 1.0e-12, "gpus[0].memory_gib: must be >= 0.125, got 1e-12"),
+    ("mem_bw_GBps", float("inf"), "gpus[0].mem_bw_GBps: expected a number, got inf"),
+    ("pcie_unidir_GBps", -3, "gpus[0].pcie_unidir_GBps: must be > 0, got -3"),
+])
+def test_numbers_outside_their_range_are_named(tmp_path, key, value, message):
+    path = write(tmp_path, {"gpus": [{**HX_GPU, key: value}]})
+    with pytest.raises(PartitaError) as exc:
+        load_catalog(path)
+    assert str(exc.value) == f"{path}: {message}" or str(exc.value).startswith(f"{path}: {message}")
+
+
+def test_a_name_twice_in_one_file_is_an_error_not_a_merge(tmp_path):
+    path = write(tmp_path, {"gpus": [HX_GPU, {**HX_GPU, "name": "HX-GPU", "memory_gib": 80}]})
+    with pytest.raises(PartitaError, match=r"gpus\[1\].name: 'HX-GPU' is also gpus\[0\] of this file"):
+        load_catalog(path)
+
+
+def test_unknown_system_names_the_scenario_key(tmp_path, capsys):
+    scenario = write(tmp_path, {"model": {"preset": "gpt2"}, "cluster": {"system": "p4d.24xlarg", "gpus": 8},
+                                "training": {"global_batch": 8}, "parallel": {"data": 8}}, "s.yaml")
+    assert main(["simulate", str(scenario)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {scenario}: cluster.system: unknown system 'p4d.24xlarg'; did you mean")

@@ -3,6 +3,8 @@ and FSDP2 modules on 2 gloo processes, torn checkpoints ignored, another plan's 
 and a rank killed mid-step under torchrun resuming to exactly the weights of an uninterrupted run."""
 from __future__ import annotations
 
+import hashlib
+
 import json
 import os
 import shutil
@@ -113,14 +115,47 @@ def test_save_then_load_restores_model_optimizer_and_rng(tmp_path):
     assert same(snapshot(parts2, opt2), reference)
 
 
-def test_manifest_lists_every_file_with_its_size(tmp_path):
+def test_manifest_lists_every_file_with_its_size_and_sha256(tmp_path):
     parts, opt = tiny(0)
     path = save_checkpoint(tmp_path, 3, parts, opt, fingerprint="fp", extra={})
     manifest = read_manifest(path)
     assert manifest["step"] == 3 and manifest["world_size"] == 1
     assert manifest["state_keys"] == ["ranks0"]
-    on_disk = {p.name: p.stat().st_size for p in path.iterdir() if p.name != "manifest.json"}
+    on_disk = {p.name: {"bytes": p.stat().st_size, "sha256": hashlib.sha256(p.read_bytes()).hexdigest()}
+               for p in path.iterdir() if p.name != "manifest.json"}
     assert manifest["files"] == on_disk and ".metadata" in on_disk
+
+
+def _flip_a_byte(path):
+    """Alter one byte in the middle of the largest shard, keeping its size."""
+    shard = max((p for p in path.iterdir() if p.suffix == ".distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return shard
+
+
+def test_damaged_shard_is_passed_over_for_the_newest_intact_one(tmp_path, capsys):
+    parts, opt = tiny(0)
+    for step in (2, 4):
+        save_checkpoint(tmp_path, step, parts, opt, fingerprint="fp", extra={"step": step})
+    shard = _flip_a_byte(tmp_path / "step-000004")
+    assert latest_checkpoint(tmp_path, fingerprint="fp") == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"note: {tmp_path / 'step-000004'}: {shard.name} does not match the "
+                          "SHA-256") and "(resuming from step 2)" in err
+    parts2, opt2 = tiny(seed=7)
+    with pytest.raises(PartitaError, match="does not match the SHA-256"):
+        load_checkpoint(tmp_path, 4, parts2, opt2)          # never unpickled
+    assert load_checkpoint(tmp_path, 2, parts2, opt2) == {"step": 2}
+
+
+def test_no_intact_checkpoint_is_none_with_a_note(tmp_path, capsys):
+    parts, opt = tiny(0)
+    save_checkpoint(tmp_path, 1, parts, opt, fingerprint="fp", extra={})
+    _flip_a_byte(tmp_path / "step-000001")
+    assert latest_checkpoint(tmp_path, fingerprint="fp") is None
+    assert "(no intact checkpoint left)" in capsys.readouterr().err
 
 
 def test_latest_is_the_newest_complete_one(tmp_path):

@@ -92,6 +92,33 @@ def test_flag_combinations(capsys, tmp_path, flags, message):
     assert message in refused(capsys, tmp_path, str(TINY), *flags)
 
 
+def test_outputs_are_checked_before_training(capsys, tmp_path):
+    """--out FILE, --save-weights DIR or an existing weights file: refused before a process starts,
+    so a finished run is never lost to a path that cannot be written (nor overwrites a file)."""
+    (tmp_path / "f").write_text("mine")
+    code = main(["run", str(TINY), "--out", str(tmp_path / "f")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 1 and len(err) == 1 and "--out" in err[0] and "not a directory" in err[0]
+    line = refused(capsys, tmp_path, str(TINY), "--save-weights", str(tmp_path))
+    assert "is a directory; give a file name" in line
+    line = refused(capsys, tmp_path, str(TINY), "--save-weights", str(tmp_path / "f"))
+    assert "already exists" in line and (tmp_path / "f").read_text() == "mine"
+    assert main(["run", str(TINY), "--out", str(tmp_path / "f" / "sub")]) == 1
+    assert "is a file, so no directory can be made under it" in capsys.readouterr().err
+
+
+def test_a_model_larger_than_this_machine_is_refused_before_launch(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr("partita.commands.run._available_bytes", lambda: 2**30)
+    path = scenario_file(tmp_path, model__hidden=2048, model__heads=16)
+    line = refused(capsys, tmp_path, path)
+    assert "2 CPU processes need at least" in line and "1.0 GiB available" in line
+
+
+def test_resume_with_nothing_to_resume_is_an_error(capsys, tmp_path):
+    line = refused(capsys, tmp_path, str(TINY), "--checkpoint-dir", str(tmp_path / "ck"), "--resume")
+    assert "--resume: no intact checkpoint of this plan" in line and "without --resume" in line
+
+
 def test_checkpoint_dir_that_is_a_file(capsys, tmp_path):
     (tmp_path / "ck").write_text("")
     line = refused(capsys, tmp_path, str(TINY), "--checkpoint-dir", str(tmp_path / "ck"))
@@ -109,6 +136,8 @@ def test_plans_the_executor_does_not_run(capsys, tmp_path, changes, message):
 
 @pytest.mark.parametrize("flags, message", [
     (["--steps", "0"], "must be >= 1"), (["--lr", "-1"], "must be > 0"),
+    (["--lr", "inf"], "must be > 0 and <= 10"), (["--lr", "nan"], "must be > 0 and <= 10"),
+    (["--seed", "-1"], "must be >= 0"), (["--seed", str(2**32)], "must be <= 4294967295"),
     (["--max-restarts", "x"], "expected a whole number"), (["--backend", "mpi"], "invalid choice"),
 ])
 def test_bad_flag_values_are_usage_errors(capsys, flags, message):

@@ -75,3 +75,26 @@ def test_rank_killed_mid_step_restarts_from_its_checkpoint(uninterrupted, tmp_pa
     restarted = json.loads(captured.out)
     assert restarted["steps"] == [3] and restarted["losses"] == whole["losses"][2:]
     assert same_weights(torch.load(tmp_path / "w.pt"), weights)
+
+
+def test_damaged_newest_checkpoint_is_passed_over_with_a_note(uninterrupted, tmp_path, capsys):
+    """A shard with altered bytes but its size unchanged is never loaded: --resume continues from
+    the newest intact checkpoint, says which one it passed over, and ends where the whole run did."""
+    import shutil
+    whole, weights, ck = uninterrupted
+    mine = tmp_path / "ck"
+    shutil.copytree(ck, mine)
+    damaged = mine / "step-000003"
+    shutil.copytree(mine / "step-000002", damaged)
+    shard = max(damaged.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    assert main(["run", TINY, "--steps", "3", "--json", "--checkpoint-dir", str(mine), "--resume",
+                 "--out", str(tmp_path / "out"), "--save-weights", str(tmp_path / "w.pt")]) == 0
+    captured = capsys.readouterr()
+    assert f"note: {damaged}: {shard.name} does not match the SHA-256" in captured.err
+    assert "(resuming from step 2)" in captured.err
+    resumed = json.loads(captured.out)
+    assert resumed["steps"] == [3] and resumed["losses"] == whole["losses"][2:]
+    assert same_weights(torch.load(tmp_path / "w.pt"), weights)

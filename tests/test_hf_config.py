@@ -92,7 +92,7 @@ def test_bad_hf_config_on_the_command_line(tmp_path, capsys):
                     "cluster: {system: dgx-h100, gpus: 8}\ntraining: {global_batch: 8}\n")
     assert main(["profile", str(path), "--json"]) == 1
     err = capsys.readouterr().err
-    assert err.strip() == "error: model.hf_config.n_layer: expected an integer, got 'twelve'"
+    assert err.strip() == f"error: {path}: model.hf_config.n_layer: expected an integer, got 'twelve'"
 
 
 def test_hf_config_scenario_profiles(tmp_path, capsys):
@@ -104,3 +104,24 @@ def test_hf_config_scenario_profiles(tmp_path, capsys):
     assert main(["profile", str(path)]) == 0
     out = capsys.readouterr().out
     assert "block.1" in out and "total" in out
+
+
+@pytest.mark.parametrize("cfg, message", [
+    ({"model_type": "gpt2", "n_layers": 4}, "model.hf_config.n_layers: unknown key; did you mean 'n_layer'?"),
+    ({"model_type": "llama", "num_hidden_layer": 4},
+     "model.hf_config.num_hidden_layer: unknown key; did you mean 'num_hidden_layers'?"),
+    ({"model_type": "gpt2", "n_layer": None}, "model.hf_config.n_layer: null is not a value here"),
+    ({"model_type": "bert", "hidden_size": None}, "model.hf_config.hidden_size: null is not a value here"),
+    ({"model_type": "gpt2", "n_layer": 4, "num_hidden_layers": 12},
+     "model.hf_config.n_layer: 4, but its alias num_hidden_layers is 12; give one of them"),
+])
+def test_typos_and_nulls_are_errors_not_defaults(cfg, message):
+    with pytest.raises(PartitaError) as exc:
+        dims_from_hf_config(cfg)
+    assert str(exc.value).startswith(message)
+
+
+def test_nulls_that_mean_derive_it_and_shapeless_keys_are_accepted():
+    dims = dims_from_hf_config({"model_type": "gpt2", "n_layer": 2, "n_inner": None, "n_ctx": 1024,
+                                "layer_norm_epsilon": 1e-5, "architectures": ["GPT2LMHeadModel"]})
+    assert dims.layers == 2 and dims.ffn_hidden == 4 * 768

@@ -115,9 +115,9 @@ def test_llama_needs_ffn_hidden():
 def test_unknown_preset_suggests():
     d = doc(parallel=_DELETE)
     d["model"] = {"preset": "gpt2-xxl"}
-    s = parse_scenario(d)
-    with pytest.raises(PartitaError, match="unknown model preset 'gpt2-xxl'; did you mean"):
-        s.model.resolve()
+    with pytest.raises(PartitaError, match="^s.yaml: model.preset: unknown model preset 'gpt2-xxl'; "
+                                           "did you mean"):
+        parse_scenario(d, origin="s.yaml")
 
 
 @pytest.mark.parametrize("text, message", [
@@ -149,3 +149,16 @@ def test_cli_error_is_one_line(tmp_path, capsys):
 def _commands():
     from partita.cli import build_parser
     return build_parser()._subparsers._group_actions[0].choices
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"training__precision": "fp8", "cluster__system": "p3.16xlarge"},
+     "training.precision: precision 'fp8' is not supported by v100-16gb"),
+    ({"model__kv_heads": 3}, "model.heads (8) must be divisible by model.kv_heads (3)"),
+    ({"model__hidden": 250}, "model.hidden (250) must be divisible by model.heads (8)"),
+])
+def test_model_and_hardware_errors_name_the_file(tmp_path, capsys, changes, message):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc(**changes)))
+    assert main(["simulate", str(path)]) == 1
+    assert capsys.readouterr().err.startswith(f"error: {path}: {message}")

@@ -24,7 +24,7 @@ from partita.planner.errors import PartitaError
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure this machine into the catalog system `local`",
                        description=__doc__.splitlines()[0])
-    p.add_argument("--gpus", metavar="N", default=None,
+    p.add_argument("--gpus", metavar="N", type=_process_count, default=None,
                    help="processes that will share this machine, the N of "
                         "`cluster: {system: local, gpus: N}` (default: 2 on a CPU, every device "
                         "with CUDA)")
@@ -60,17 +60,34 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _processes(text: str | None, device: str | None) -> tuple[int, str]:
-    import torch
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if text is None:
-        return (torch.cuda.device_count() if device == "cuda" else 2), device
+MAX_PROCESSES = 1024
+
+
+def _process_count(text: str) -> int:
+    """--gpus N: 1 to MAX_PROCESSES (a usage error otherwise: exit 2)."""
     try:
         value = int(text)
     except ValueError:
-        raise PartitaError(f"--gpus: expected a whole number of processes, got {text!r}") from None
-    if value < 1:
-        raise PartitaError(f"--gpus: expected a number of processes >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a whole number of processes, got {text!r}") \
+            from None
+    if not 1 <= value <= MAX_PROCESSES:
+        raise argparse.ArgumentTypeError(f"expected a number of processes from 1 to {MAX_PROCESSES}, "
+                                         f"got {value}")
+    return value
+
+
+def _processes(value: int | None, device: str | None) -> tuple[int, str]:
+    import torch
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    device = device or ("cuda" if have else "cpu")
+    if device == "cuda" and have == 0:
+        raise PartitaError("--device cuda: no CUDA device is visible on this machine; use "
+                           "--device cpu (or leave --device out)")
+    if value is None:
+        return (have if device == "cuda" else 2), device
+    if device == "cuda" and value > have:
+        raise PartitaError(f"--gpus {value} with --device cuda: one process per CUDA device, and "
+                           f"this machine has {have}")
     return value, device
 
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 import argparse
 import json
 
-from partita.commands import add_catalog_option, catalog_from_args
+import partita.commands as commands
+from partita.commands import add_catalog_option
+from partita.planner.errors import PartitaError
 
 MIB = 2**20
 W = 12            # width of a numeric column
@@ -30,24 +32,38 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.add_argument("--measure", action="store_true",
                    help="also time each layer forward and backward on this machine")
-    p.add_argument("--micro-batch", type=int, metavar="N", default=None,
+    p.add_argument("--micro-batch", type=_count, metavar="N", default=None,
                    help="sequences per micro-batch (default: the scenario's training.micro_batch)")
     p.add_argument("--device", default=None, help="device for --measure (default: cuda if available, else cpu)")
-    p.add_argument("--repeats", type=int, default=5, metavar="N",
+    p.add_argument("--repeats", type=_count, default=5, metavar="N",
                    help="timed repetitions per layer for --measure, median kept (default 5)")
     add_catalog_option(p)
     p.set_defaults(func=run)
 
 
+def _count(text: str) -> int:
+    """A whole number from 1 to 2**16 (a usage error otherwise: exit 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if not 1 <= value <= 1 << 16:
+        raise argparse.ArgumentTypeError(f"must be from 1 to {1 << 16}, got {value}")
+    return value
+
+
 def run(args: argparse.Namespace) -> int:
-    from partita.planner.errors import PartitaError
     from partita.planner.scenario import load_scenario
     from partita.planner.profiler import profile_module
 
     scenario = load_scenario(args.file)
     micro_batch = args.micro_batch if args.micro_batch is not None else scenario.training.micro_batch
-    if micro_batch < 1:
-        raise PartitaError(f"--micro-batch: must be >= 1, got {micro_batch}")
+    if args.device is not None and not args.measure:
+        raise PartitaError("--device: only with --measure (it is where layers are timed)")
+    if args.measure:
+        check_device(args.device)
+    if scenario.model.module is not None:      # user code runs last, after every other check
+        check_hardware(scenario, args)
     profile = profile_module(scenario.model, micro_batch=micro_batch, seq_len=scenario.model.seq_len,
                              precision=scenario.training.precision, measure=args.measure,
                              device=args.device, repeats=args.repeats,
@@ -58,6 +74,42 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(format_table(profile, prediction))
     return 0
+
+
+def check_device(name: str | None) -> None:
+    """--device for --measure: a torch device this machine has (cpu, cuda, cuda:N, mps)."""
+    if name is None:
+        return
+    import torch
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise PartitaError(f"--device: unknown device {name!r} (valid: cpu, cuda, cuda:N, mps)") \
+            from None
+    if dev.type == "cpu":
+        return
+    if dev.type == "cuda":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if have == 0:
+            raise PartitaError(f"--device {name}: no CUDA device on this machine; use --device cpu")
+        if dev.index is not None and dev.index >= have:
+            raise PartitaError(f"--device {name}: this machine has {have} CUDA devices (cuda:0 to "
+                               f"cuda:{have - 1})")
+        return
+    if dev.type == "mps" and torch.backends.mps.is_available():
+        return
+    raise PartitaError(f"--device {name}: not available on this machine (valid here: cpu"
+                       + (", cuda" if torch.cuda.is_available() else "") + ")")
+
+
+def check_hardware(scenario, args: argparse.Namespace) -> None:
+    """The scenario's system and precision, checked before a `module:` model's code is run."""
+    hw = commands.catalog_from_args(args).resolve_cluster(scenario.cluster, scenario.origin)
+    try:
+        hw.system.gpu.peak(scenario.training.precision)
+    except PartitaError as exc:
+        where = f"{scenario.origin}: " if scenario.origin else ""
+        raise PartitaError(f"{where}training.precision: {exc}") from None
 
 
 class Prediction:
@@ -79,7 +131,7 @@ def predict(scenario, micro_batch: int, args: argparse.Namespace) -> Prediction:
         return Prediction(reason="a module: model has no transformer dims for the simulator")
     try:
         from partita.simulator.calibration import load_calibration
-        gpu = catalog_from_args(args).system(scenario.cluster.system).gpu
+        gpu = commands.catalog_from_args(args).system(scenario.cluster.system).gpu
         return Prediction(gpu.name, _layer_times(dims, micro_batch, scenario.training.precision,
                                                  gpu, load_calibration()))
     except PartitaError as exc:

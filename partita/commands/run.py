@@ -20,7 +20,11 @@ from partita.commands import add_catalog_option, catalog_from_args
 from partita.planner.errors import PartitaError
 
 
-def _whole(minimum: int):
+MAX_SEED = 2**32 - 1       # numpy's and every torch generator's range
+MAX_LR = 10.0              # far above any learning rate that trains; above it, a typo
+
+
+def _whole(minimum: int, maximum: int | None = None):
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -28,6 +32,8 @@ def _whole(minimum: int):
             raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"must be <= {maximum}, got {value}")
         return value
     return parse
 
@@ -37,8 +43,8 @@ def _rate(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    if not 0 < value <= MAX_LR:          # also refuses nan and inf
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= {MAX_LR:g}, got {text}")
     return value
 
 
@@ -57,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", metavar="DIR", help="output directory (default ./partita-run/<name>)")
     p.add_argument("--data", metavar="TOKENS", help="token file: uint16 .bin (nanoGPT) or 1-D .npy "
                                                     "(default: seeded synthetic tokens)")
-    p.add_argument("--seed", type=int, default=0, help="weights and synthetic data seed (default 0)")
+    p.add_argument("--seed", type=_whole(0, MAX_SEED), default=0,
+                   help="weights and synthetic data seed, 0 to 2**32-1 (default 0)")
     p.add_argument("--lr", type=_rate, default=1e-3, help="learning rate (default 1e-3)")
     p.add_argument("--save-weights", metavar="FILE",
                    help="write the trained weights (the model's own parameter names) with torch.save")
@@ -86,12 +93,14 @@ def run(args: argparse.Namespace) -> int:
     gpus, nproc, rdzv = placement(scenario, args)
     plan = _plan(scenario, gpus)
     _check_backend(args.backend, nproc)
+    _check_host_memory(scenario, plan, nproc, args.backend)
+    out = Path(args.out or Path("partita-run") / (scenario.name or path.stem))
     _check_files(args, plan)
+    _check_outputs(args, out)
     _check_checkpoints(args, scenario)
     predicted, note, predicted_memory = predict(scenario, args)
     for line in plan.notes() + ([note] if note else []):
         print(f"note: {line}", file=sys.stderr)
-    out = Path(args.out or Path("partita-run") / (scenario.name or path.stem))
     job = Job(scenario=str(path.resolve()), world=gpus, steps=args.steps, backend=args.backend,
               seed=args.seed, lr=args.lr, data=str(Path(args.data).resolve()) if args.data else None,
               out_dir=str(out), checkpoint_dir=args.checkpoint_dir,
@@ -152,13 +161,80 @@ def _check_backend(backend: str, nproc: int) -> None:
                            f"machine, {have} found; use --backend gloo for CPU processes")
 
 
+def _check_host_memory(scenario, plan, nproc: int, backend: str) -> None:
+    """CPU processes hold every weight and its gradient in this machine's memory: refuse a plan
+    whose lower bound (weights + gradients at the training precision, no optimizer state, no
+    activations) exceeds the memory available now, instead of letting the workers be OOM-killed."""
+    if backend != "gloo":
+        return
+    from partita.planner.costmodel import element_bytes, total_params
+    available = _available_bytes()
+    if available is None:
+        return
+    model_bytes = total_params(scenario.model.resolve()) * element_bytes(plan.precision)
+    weights = model_bytes * (1 if plan.zero >= 3 else plan.data)    # ZeRO-3: sharded over data
+    grads = model_bytes * (1 if plan.zero >= 2 else plan.data)      # ZeRO-2: gradients too
+    need = (weights + grads) * nproc / plan.world                   # this machine's share
+    if need > available:
+        where = f"{scenario.origin}: " if scenario.origin else ""
+        raise PartitaError(f"{where}model: {nproc} CPU processes need at least {need / 2**30:,.1f} GiB "
+                           f"for weights and gradients alone, and this machine has "
+                           f"{available / 2**30:,.1f} GiB available; use a smaller model")
+
+
+def _available_bytes() -> int | None:
+    """MemAvailable of /proc/meminfo (Linux), else None (no check)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 def _check_files(args: argparse.Namespace, plan) -> None:
     from partita.executor.data import DataSpec, check_token_file
     if args.data:
         check_token_file(DataSpec(plan.arch, plan.seq_len, plan.vocab, args.seed, args.data))
-    if args.save_weights and not Path(args.save_weights).resolve().parent.is_dir():
-        raise PartitaError(f"--save-weights {args.save_weights}: no such directory "
-                           f"{Path(args.save_weights).resolve().parent}")
+
+
+def _check_outputs(args: argparse.Namespace, out: Path) -> None:
+    """Where the results go must be writable before training starts, so that a finished run is
+    never lost to a bad path (and an existing weights file is not overwritten)."""
+    flag = "--out" if args.out else "output directory"
+    if out.exists() and not out.is_dir():
+        raise PartitaError(f"{flag} {out}: exists and is not a directory (--out names a directory "
+                           "for metrics.jsonl, trace.json and result.json)")
+    _check_writable(flag, out if out.is_dir() else _existing_parent(out))
+    if args.save_weights:
+        weights = Path(args.save_weights)
+        if weights.is_dir():
+            raise PartitaError(f"--save-weights {weights}: is a directory; give a file name "
+                               f"(e.g. {weights / 'weights.pt'})")
+        if weights.exists() or weights.is_symlink():
+            raise PartitaError(f"--save-weights {weights}: already exists; remove it or choose "
+                               "another file name (partita does not overwrite it)")
+        if not weights.resolve().parent.is_dir():
+            raise PartitaError(f"--save-weights {args.save_weights}: no such directory "
+                               f"{weights.resolve().parent}")
+        _check_writable("--save-weights", weights.resolve().parent)
+
+
+def _existing_parent(path: Path) -> Path:
+    path = path.resolve()
+    while not path.exists():
+        path = path.parent
+    if not path.is_dir():
+        raise PartitaError(f"--out: {path} is a file, so no directory can be made under it")
+    return path
+
+
+def _check_writable(flag: str, directory: Path) -> None:
+    import os
+    if not os.access(directory, os.W_OK | os.X_OK):
+        raise PartitaError(f"{flag}: cannot write in {directory} (permission denied)")
 
 
 def _check_checkpoints(args: argparse.Namespace, scenario) -> None:
@@ -176,6 +252,9 @@ def _check_checkpoints(args: argparse.Namespace, scenario) -> None:
     if latest is not None and not args.resume:
         raise PartitaError(f"--checkpoint-dir {where} already holds step {latest} of this plan; "
                            "pass --resume to continue from it, or choose another directory")
+    if args.resume and latest is None:
+        raise PartitaError(f"--resume: no intact checkpoint of this plan in {where} to resume "
+                           "from; run without --resume to start afresh")
     if args.resume and latest is not None and latest >= args.steps:
         raise PartitaError(f"--resume: the latest checkpoint is step {latest}, already at --steps "
                            f"{args.steps}; ask for more steps")

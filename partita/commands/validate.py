@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("csv", nargs="?", metavar="CSV", default=None,
                    help="measurements in the columns of data/validation/published_dev.csv (default: that file)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-    p.add_argument("--rows", metavar="ID,...", default=None, help="only these row ids")
+    p.add_argument("--rows", metavar="ID,...", type=_row_ids, default=None, help="only these row ids")
     p.add_argument("--split", metavar="FILE", default=None,
                    help="fit/hold-out split (YAML with fit: [ids]); default data/validation/split.yaml")
     p.add_argument("--memory", action="store_true",
@@ -44,22 +44,47 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _row_ids(text: str) -> list[str]:
+    """--rows: one or more comma-separated ids (a usage error otherwise: exit 2)."""
+    ids = [r.strip() for r in text.split(",") if r.strip()]
+    if not ids:
+        raise argparse.ArgumentTypeError("expected one or more row ids separated by commas, "
+                                         f"got {text!r}")
+    return ids
+
+
 def run(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
     from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
 
-    rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
+    rows = args.rows
     csv, split_file = args.csv, args.split
     if args.memory:
         csv = csv if csv is not None else MEMORY_CSV
         split_file = split_file if split_file is not None else MEMORY_SPLIT
     split = load_split(split_file)
+    if args.split is not None or args.csv is None:      # a split chosen for this CSV
+        _check_split_ids(split, split_file, csv)
     report = run_validation(csv, rows=rows, split=split, catalog=catalog_from_args(args))
     if args.json:
         print(json.dumps(report.to_json()))
     else:
         print(format_report(report, verbose=args.verbose))
     return 0
+
+
+def _check_split_ids(split, split_file, csv) -> None:
+    """Every fit id of the split must be a row of the CSV (a typo would move a row silently)."""
+    from partita.planner.errors import PartitaError
+    from partita.simulator.rowmap import DEFAULT_CSV, read_rows
+    from partita.simulator.validation import DEFAULT_SPLIT
+    ids = {r["id"] for r in read_rows(csv)}
+    absent = sorted(split.fit - ids)
+    if absent:
+        more = f", ... ({len(absent) - 10} more)" if len(absent) > 10 else ""
+        listed = ", ".join(absent[:10]) + more
+        raise PartitaError(f"{split_file or DEFAULT_SPLIT}: fit: row ids not in "
+                           f"{csv or DEFAULT_CSV}: {listed}")
 
 
 def format_report(report, verbose: bool = False) -> str:

@@ -11,6 +11,11 @@ also builds a scenario's `module: "pkg.mod:fn"` model; `layer_chain` gives any m
 from __future__ import annotations
 
 import importlib
+import inspect
+import os
+import sys
+import sysconfig
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -45,40 +50,111 @@ def build_model(dims: TransformerDims, *, device: torch.device | str = "cpu",
 
 def build_from_spec(spec: ModelSpec, *, device: torch.device | str = "cpu",
                     dtype: torch.dtype = torch.float32, seed: int = 0) -> nn.Module:
-    """The model of a scenario's `model:` section: transformer dims, preset, hf_config or module."""
+    """The model of a scenario's `model:` section: transformer dims, preset, hf_config or module.
+
+    A `module: "pkg.mod:fn"` runs the user's code: `pkg` is looked up first in the scenario
+    file's directory, then among installed packages (never the current directory); `fn` must be
+    a Python function or class taking no arguments and returning a torch.nn.Module. Whatever the
+    code raises, SystemExit included, becomes one PartitaError naming the file and the key.
+    """
     if spec.module is None:
         dims = spec.resolve()
-        assert dims is not None
+        if dims is None:
+            raise PartitaError("model: no transformer dims, preset, hf_config or module")
         return build_model(dims, device=device, dtype=dtype, seed=seed)
-    fn = _import_function(spec.module)
+    where = f"{spec.origin}: model.module" if spec.origin else "model.module"
+    fn = _import_function(spec.module, spec.origin, where)
     dev = torch.device(device)
     rng_devices = [dev.index or 0] if dev.type == "cuda" else []
     with torch.random.fork_rng(devices=rng_devices):
         torch.manual_seed(seed)
-        try:
-            with dev:
-                module = fn()
-        except Exception as exc:  # the user's code: report it as one line, not as our bug
-            raise PartitaError(f"model.module: calling {spec.module!r} raised "
-                               f"{type(exc).__name__}: {exc}") from exc
+        with dev:
+            module = _call_user_code(lambda: fn(), where, f"calling {spec.module!r}")
     if not isinstance(module, nn.Module):
-        raise PartitaError(f"model.module: {spec.module!r} returned {type(module).__name__}, "
+        raise PartitaError(f"{where}: {spec.module!r} returned {type(module).__name__}, "
                            "expected a torch.nn.Module")
     return module.to(dtype=dtype)
 
 
-def _import_function(path: str):
-    modname, _, attr = path.partition(":")
-    if not modname or not attr:
-        raise PartitaError(f"model.module: expected 'package.module:function', got {path!r}")
+def _call_user_code(call, where: str, doing: str):
+    """`call()` with the user's failures, SystemExit included, turned into one PartitaError, and
+    no debugger prompt (breakpoint() does nothing meanwhile)."""
+    hook = sys.breakpointhook
+    sys.breakpointhook = lambda *args, **kwargs: None
     try:
-        mod = importlib.import_module(modname)
-    except ImportError as exc:
-        raise PartitaError(f"model.module: cannot import {modname!r}: {exc}") from exc
-    fn = getattr(mod, attr, None)
-    if not callable(fn):
-        raise PartitaError(f"model.module: {modname!r} has no function {attr!r}")
+        return call()
+    except (KeyboardInterrupt, _NotFound):
+        raise
+    except PartitaError as exc:
+        raise PartitaError(f"{where}: {doing}: {exc}") from None
+    except BaseException as exc:  # noqa: BLE001 - the user's code: one line, not our traceback
+        detail = str(exc).splitlines()[0][:200] if str(exc) else ""
+        if isinstance(exc, SystemExit):
+            detail = f"exit status {exc.code!r}"
+        raise PartitaError(f"{where}: {doing} raised {type(exc).__name__}"
+                           + (f": {detail}" if detail else "")) from None
+    finally:
+        sys.breakpointhook = hook
+
+
+def _import_function(path: str, origin: str = "", where: str = "model.module"):
+    modname, _, attr = path.partition(":")
+    parts = modname.split(".") + attr.split(".")
+    if not modname or not attr or not all(p.isidentifier() for p in parts):
+        raise PartitaError(f"{where}: expected 'package.module:function', got {path!r}")
+    base = str(Path(origin).resolve().parent) if origin else None
+    cwd = {"", os.getcwd()}
+    saved = list(sys.path)
+    sys.path[:] = ([base] if base else []) + [p for p in saved if p not in cwd or p == base]
+    try:
+        mod = _call_user_code(lambda: _import(modname), where, f"importing {modname!r}")
+    except _NotFound as exc:
+        place = f"beside {origin} or installed" if origin else "installed"
+        raise PartitaError(f"{where}: cannot import {modname!r}: {exc} (looked {place}; the "
+                           "current directory is not searched)") from None
+    finally:
+        sys.path[:] = saved
+    fn = mod
+    for part in attr.split("."):
+        fn = getattr(fn, part, None)
+    if fn is None:
+        raise PartitaError(f"{where}: {modname!r} has no function {attr!r}")
+    if _in_standard_library(fn):
+        raise PartitaError(f"{where}: {path!r} is part of Python's standard library, not a function "
+                           "that builds a torch.nn.Module")
+    if not (inspect.isfunction(fn) or inspect.isclass(fn)):
+        raise PartitaError(f"{where}: {path!r} is a {type(fn).__name__}, expected a Python function "
+                           "or class that builds a torch.nn.Module")
+    try:
+        inspect.signature(fn).bind()
+    except TypeError:
+        raise PartitaError(f"{where}: {path!r} must be callable with no arguments") from None
+    except ValueError:
+        pass     # no signature to inspect: the call itself reports a problem
     return fn
+
+
+def _in_standard_library(fn) -> bool:
+    """True for builtins and for functions defined in Python's own library (os, tempfile, ...)."""
+    module = sys.modules.get(getattr(fn, "__module__", None) or "")
+    if module is None or getattr(module, "__file__", None) is None:
+        return inspect.isbuiltin(fn)
+    stdlib = Path(sysconfig.get_paths()["stdlib"]).resolve()
+    where = Path(module.__file__).resolve()
+    return stdlib in where.parents and "site-packages" not in where.parts
+
+
+class _NotFound(Exception):
+    """The scenario's module itself is missing (not an import inside it)."""
+
+
+def _import(modname: str):
+    try:
+        return importlib.import_module(modname)
+    except ModuleNotFoundError as exc:
+        if exc.name and (modname == exc.name or modname.startswith(exc.name + ".")):
+            raise _NotFound(str(exc)) from None
+        raise
 
 
 def layer_chain(model: nn.Module) -> list[tuple[str, nn.Module]]:
