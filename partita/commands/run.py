@@ -171,7 +171,14 @@ def _check_host_memory(scenario, plan, nproc: int, backend: str) -> None:
     available = _available_bytes()
     if available is None:
         return
-    model_bytes = total_params(scenario.model.resolve()) * element_bytes(plan.precision)
+    dims = scenario.model.resolve()
+    if dims is not None:
+        params = total_params(dims)
+    else:                                   # a `module:` model: count it on the meta device
+        from partita.planner.profiler import profile_module
+        params = profile_module(scenario.model, micro_batch=1,
+                                precision=plan.precision).total_params
+    model_bytes = params * element_bytes(plan.precision)
     weights = model_bytes * (1 if plan.zero >= 3 else plan.data)    # ZeRO-3: sharded over data
     grads = model_bytes * (1 if plan.zero >= 2 else plan.data)      # ZeRO-2: gradients too
     need = (weights + grads) * nproc / plan.world                   # this machine's share
