@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from partita.planner.errors import PartitaError
 from partita.planner.scenario import Scenario, check_plan
-from partita.planner.stages import chunk_ranges
+from partita.planner.stages import chunk_ranges, with_default_stages
 
 # torch.distributed.pipelining schedule class for each scenario schedule name.
 TORCH_SCHEDULES = {
@@ -134,6 +134,7 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
                            "and loss of planner.models")
     check_plan(scenario, gpus, dims)
     _check_executable(scenario, dims, where)
+    p = with_default_stages(p, dims)          # uneven layer counts: the simulator's balanced split
     chunks = tuple(tuple(c) for c in chunk_ranges(dims.total_layers, p))   # the simulator's split
     return ExecPlan(
         name=scenario.name, arch=dims.arch, world=gpus, tensor=p.tensor, pipeline=p.pipeline,

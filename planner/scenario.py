@@ -299,9 +299,8 @@ def _check_dims(d: TransformerDims, p: ParallelSpec, fail) -> None:
     chunks = p.pipeline * p.virtual_stages
     if p.stages is not None:
         check_stages(p.stages, chunks, d.total_layers, fail)
-    elif d.total_layers % chunks and p.pipeline > 1:
-        raise fail(f"model has {d.total_layers} layers, not divisible by pipeline*virtual_stages "
-                   f"({p.pipeline}*{p.virtual_stages} = {chunks}); give parallel.stages explicitly")
+    # uneven counts are fine: without parallel.stages, planner.stages.with_default_stages splits
+    # them by the planner's balanced split
     if d.total_layers < chunks:
         raise fail(f"pipeline*virtual_stages ({chunks}) exceeds the model's {d.total_layers} layers")
     if d.heads % p.tensor:

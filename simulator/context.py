@@ -13,6 +13,7 @@ from partita.planner.hardware import System
 from partita.planner.modelspec import TransformerDims
 from partita.planner.profile import ModelProfile
 from partita.planner.scenario import ParallelSpec, Scenario, TrainingSpec, check_plan
+from partita.planner.stages import with_default_stages
 from partita.simulator.placement import Placement
 
 @dataclass(frozen=True)
@@ -54,7 +55,9 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
         profile = profiled.load_profile(scenario)
         profiled.check(scenario, profile)
     system.gpu.peak(scenario.training.precision)     # precision supported by this GPU?
-    p = scenario.parallel
+    p = with_default_stages(scenario.parallel, dims)     # uneven layer counts: balanced split
+    if p is not scenario.parallel:
+        scenario = scenario.with_parallel(p)
     placement = Placement(p.tensor, p.context, p.data, p.pipeline,
                           min(system.gpus_per_node, gpus))
     return StepContext(scenario=scenario, system=system, gpus=gpus, dims=dims, parallel=p,
