@@ -156,6 +156,8 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def parse_scenario(doc: dict[str, Any], origin: str = "") -> Scenario:
+    from partita.planner.sagemaker import translate      # SageMaker's parameter names
+    doc, _ = translate(doc, origin)
     top = Checker(doc, "", origin)
     top.only(TOP_KEYS)
     name = top.str("name", "") or ""

@@ -1,0 +1,418 @@
+"""The plan search: `plan(scenario, catalog=...) -> PlanResult`.
+
+    from partita.planner.catalog import load_catalog
+    from partita.planner.search import plan
+    result = plan("data/scenarios/gpt3-175b-a100.yaml", catalog=load_catalog(), max_gpus=1024)
+    result.best            # the completed scenario document (with parallel.stages)
+    result.table()         # one row per candidate, ranked (pandas DataFrame)
+
+What the scenario gives is kept fixed; what it leaves out is searched:
+1. layouts (planner.candidates): systems x GPU counts x TP/PP/CP/DP x micro-batch x recompute x
+   ZeRO, pruned by divisibility and by a memory floor (a layout whose floor exceeds the GPU can
+   never fit);
+2. every surviving layout is timed by `evaluate` (the simulator) with 1F1B and the default
+   data-parallel reduction, most promising first (an analytic estimate orders them);
+3. the best layouts are expanded over schedules (gpipe, 1f1b, interleaved-1f1b with its virtual
+   stages, zero-bubble) and reductions (ring, hierarchical, parameter-server on EFA systems);
+4. the best plans get the ILP split (planner.partition), kept where the simulator finds it faster.
+A candidate whose evaluation fails is kept with its reason. `evaluate(scenario)` returns an object
+with the attributes of `simulator.result.SimResult`; plan() imports the simulator lazily when none
+is given (planner/ does not import simulator/ at load).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from partita.planner.candidates import (MICRO_BATCHES, RECOMPUTE_ORDER, ZERO_ORDER, Layout,
+                                        gpu_counts, layouts, memory_floor)
+from partita.planner.costmodel import model_flops_per_step
+from partita.planner.errors import PartitaError
+from partita.planner.planspec import PlanSpec, read_spec
+from partita.planner.refine import refine_stages
+from partita.planner.scenario import ClusterSpec, ParallelSpec, Scenario, check_plan
+
+GIB = 1024 ** 3
+OBJECTIVES = ("time", "cost", "memory")
+SECONDS_PER_DAY = 86400.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Candidate:
+    """One evaluated plan: its settings, the simulator's numbers, prices and budget."""
+    system: str
+    nodes: int
+    gpus: int
+    tensor: int
+    pipeline: int
+    context: int
+    data: int
+    micro_batch: int
+    schedule: str
+    virtual_stages: int
+    recompute: str
+    zero: int
+    grad_reduce: str
+    stages: tuple[tuple[int, int], ...] | None = None
+    split: str = "even"                       # even | balanced | ilp (solver, status)
+    step_time_s: float | None = None
+    tokens_per_s: float | None = None
+    mfu: float | None = None
+    bubble_fraction: float | None = None
+    peak_memory_gib: float | None = None
+    memory_capacity_gib: float | None = None
+    fits: bool = False
+    usd_per_hour: float | None = None
+    usd_per_hour_spot: float | None = None
+    days: float | None = None
+    usd: float | None = None
+    usd_spot: float | None = None
+    within_budget: bool = True
+    pareto: bool = False
+    error: str | None = None
+    scenario: Scenario | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.fits and self.within_budget
+
+
+COLUMNS = ("system", "nodes", "gpus", "tensor", "pipeline", "context", "data", "micro_batch",
+           "schedule", "virtual_stages", "recompute", "zero", "grad_reduce", "split", "step_time_s",
+           "tokens_per_s", "mfu", "bubble_fraction", "peak_memory_gib", "memory_capacity_gib",
+           "fits", "usd_per_hour", "usd_per_hour_spot", "days", "usd", "usd_spot",
+           "within_budget", "pareto", "error")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlanResult:
+    best: dict[str, Any]                       # the completed scenario document
+    candidates: tuple[Candidate, ...]          # ranked: usable plans first, failures last
+    objective: str = "time"
+    tokens: float | None = None
+    evaluated: int = 0                         # simulations run
+    pruned: int = 0                            # layouts the memory floor or the rules rejected
+    seconds: float = 0.0
+    solver: str = ""                           # the ILP solver of the final split, and its status
+    notes: tuple[str, ...] = ()
+
+    @property
+    def best_candidate(self) -> Candidate:
+        return self.candidates[0]
+
+    def table(self):
+        import pandas as pd
+        rows = [{k: getattr(c, k) for k in COLUMNS} for c in self.candidates]
+        return pd.DataFrame(rows, columns=list(COLUMNS))
+
+    def to_json(self, top: int | None = None) -> dict[str, Any]:
+        cands = self.candidates[:top] if top else self.candidates
+        return {"objective": self.objective, "tokens": self.tokens, "evaluated": self.evaluated,
+                "pruned": self.pruned, "seconds": self.seconds, "solver": self.solver,
+                "notes": list(self.notes), "best": self.best,
+                "candidates": [{k: getattr(c, k) for k in COLUMNS}
+                               | {"stages": [list(s) for s in c.stages] if c.stages else None}
+                               for c in cands]}
+
+
+def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None,
+         systems=None, max_gpus: int | None = None, nodes: int | None = None,
+         objective: str = "time", tokens: float | None = None, max_cost: float | None = None,
+         max_days: float | None = None, progress: Callable[[str], None] | None = None,
+         top_layouts: int = 6, time_budget_s: float | None = None,
+         max_evaluations: int | None = None, refine: int = 3) -> PlanResult:
+    """Search what `scenario` (a path, a document or a `Scenario`) leaves open; see the module
+    docstring. `time_budget_s` / `max_evaluations` bound the layout phase (most promising first)."""
+    started = time.perf_counter()
+    if objective not in OBJECTIVES:
+        raise PartitaError(f"--objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    spec = read_spec(scenario, catalog=catalog, systems=systems, max_gpus=max_gpus, nodes=nodes)
+    if evaluate is None:
+        from partita.simulator.step import simulate
+
+        def evaluate(s, _catalog=catalog):
+            return simulate(s, _catalog)
+    say = progress or (lambda msg: None)
+    run = _Run(spec=spec, evaluate=evaluate, catalog=catalog, tokens=tokens, say=say)
+
+    # 1-2: layouts, timed with 1F1B, most promising first
+    todo, pruned = _layouts(spec, catalog)
+    if not todo:
+        raise PartitaError(f"{spec.origin}: no layout passes the rules and fits in memory "
+                           f"({pruned} tried): " + spec.no_layout_hint())
+    todo.sort(key=lambda lay: _estimate(spec, catalog, lay))
+    budget_end = None if time_budget_s is None else started + 0.7 * time_budget_s
+    for i, lay in enumerate(todo):
+        if max_evaluations is not None and i >= max_evaluations:
+            break
+        if budget_end is not None and time.perf_counter() > budget_end and run.results:
+            run.notes.append(f"time budget: {i} of {len(todo)} layouts timed, most promising first")
+            break
+        run.add(lay, schedule=spec.default_schedule(lay.pipeline), virtual=1,
+                grad_reduce=spec.fixed.get("grad_reduce", "auto"))
+        if i % 200 == 199:
+            say(f"layouts: {i + 1}/{len(todo)} timed, best {run.best_text()}")
+    say(f"layouts: {min(len(todo), run.evaluated)} timed, {pruned} pruned, best {run.best_text()}")
+
+    # 3: schedules, virtual stages and reductions for the best layouts
+    for cand in run.top(top_layouts, per_system=True):
+        lay = _layout_of(cand)
+        for schedule, virtual in spec.schedules(lay, run.microbatches(lay)):
+            for reduce in spec.reductions(lay, catalog):
+                run.add(lay, schedule=schedule, virtual=virtual, grad_reduce=reduce)
+    say(f"schedules: {run.evaluated} simulations, best {run.best_text()}")
+
+    # 4: the ILP split for the best plans
+    solver = ""
+    for cand in run.top(refine):
+        better, text = refine_stages(cand, spec=spec, catalog=catalog, run=run)
+        solver = solver or text
+    say(f"split: {solver or 'even'}; best {run.best_text()}")
+    return run.result(objective=objective, max_cost=max_cost, max_days=max_days,
+                      pruned=pruned, seconds=time.perf_counter() - started, solver=solver)
+
+
+def _layouts(spec: PlanSpec, catalog) -> tuple[list[Layout], int]:
+    todo, pruned = [], 0
+    for system in spec.systems:
+        sysobj = catalog.system(system)
+        counts = spec.counts(sysobj)
+        for gpus in counts:
+            for lay in layouts(spec.dims, spec.scenario.training, system=system, gpus=gpus,
+                               gpus_per_node=sysobj.gpus_per_node, fixed=spec.fixed,
+                               micro_batches=spec.micro_batches(), recomputes=spec.recomputes(),
+                               zeros=spec.zeros()):
+                if not spec.admits(lay):
+                    pruned += 1
+                    continue
+                floor = memory_floor(spec.dims, spec.scenario.training, lay)
+                if floor > sysobj.gpu.memory_bytes:
+                    pruned += 1
+                    continue
+                todo.append(lay)
+    return _dominant(todo), pruned
+
+
+def _dominant(todo: list[Layout]) -> list[Layout]:
+    """Per layout, the two least costly recompute settings and ZeRO stages that passed the floor
+    (more recompute or sharding only adds work once memory fits)."""
+    keep, seen = [], {}
+    for lay in todo:
+        key = (lay.system, lay.gpus, lay.tensor, lay.pipeline, lay.context, lay.data,
+               lay.micro_batch)
+        seen.setdefault(key, []).append(lay)
+    for group in seen.values():
+        rcs = sorted({g.recompute for g in group}, key=RECOMPUTE_ORDER.index)[:2]
+        zs = sorted({g.zero for g in group})[:2]
+        keep += [g for g in group if g.recompute in rcs and g.zero in zs]
+    return keep
+
+
+def _estimate(spec: PlanSpec, catalog, lay: Layout) -> float:
+    """Seconds per step, roughly: model FLOPs (with recompute) at the GPUs' peak, times the
+    1F1B bubble (1 + (p-1)/m), plus a tensor-parallel penalty across nodes; for ordering only."""
+    gpu = catalog.system(lay.system).gpu
+    flops = model_flops_per_step(spec.dims, spec.scenario.training.global_batch)
+    flops *= {"none": 1.0, "selective": 1.05, "full": 4.0 / 3.0}[lay.recompute]
+    m = spec.scenario.training.global_batch // (lay.micro_batch * lay.data)
+    t = flops / (lay.gpus * gpu.peak(spec.scenario.training.precision))
+    return t * (1 + (lay.pipeline - 1) / m) * (1 + 0.1 * (lay.tensor > 4)) / min(lay.micro_batch, 4) ** 0.1
+
+
+def _layout_of(c: Candidate) -> Layout:
+    return Layout(system=c.system, gpus=c.gpus, nodes=c.nodes, tensor=c.tensor,
+                  pipeline=c.pipeline, context=c.context, data=c.data, micro_batch=c.micro_batch,
+                  recompute=c.recompute, zero=c.zero)
+
+
+class _Run:
+    """The candidates evaluated so far, their prices and budget numbers."""
+
+    def __init__(self, *, spec: PlanSpec, evaluate, catalog, tokens, say):
+        self.spec, self.evaluate, self.catalog, self.tokens, self.say = (
+            spec, evaluate, catalog, tokens, say)
+        self.results: list[Candidate] = []
+        self.seen: set = set()
+        self.evaluated = 0
+        self.notes: list[str] = []
+
+    def microbatches(self, lay: Layout) -> int:
+        return self.spec.scenario.training.global_batch // (lay.micro_batch * lay.data)
+
+    def scenario_of(self, lay: Layout, *, schedule: str, virtual: int, grad_reduce: str,
+                    stages=None) -> Scenario:
+        s = self.spec.scenario
+        fixed = self.spec.fixed
+        par = ParallelSpec(
+            tensor=lay.tensor, pipeline=lay.pipeline, data=lay.data, context=lay.context,
+            sequence_parallel=fixed.get("sequence_parallel", lay.tensor > 1),
+            schedule=schedule, virtual_stages=virtual, zero=lay.zero,
+            overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
+            overlap_param_gather=fixed.get("overlap_param_gather", True),
+            tp_comm_overlap=fixed.get("tp_comm_overlap", False), grad_reduce=grad_reduce,
+            stages=stages)
+        cluster = replace(s.cluster, system=lay.system, gpus=lay.gpus, nodes=None)
+        training = replace(s.training, micro_batch=lay.micro_batch, recompute=lay.recompute)
+        return replace(s, cluster=cluster, training=training, parallel=par)
+
+    def add(self, lay: Layout, *, schedule: str, virtual: int, grad_reduce: str, stages=None,
+            split: str = "even") -> Candidate:
+        key = (lay, schedule, virtual, grad_reduce, stages)
+        if key in self.seen:
+            return None
+        self.seen.add(key)
+        sysobj = self.catalog.system(lay.system)
+        price = sysobj.price
+        nodes = lay.nodes
+        base = dict(system=lay.system, nodes=nodes, gpus=lay.gpus, tensor=lay.tensor,
+                    pipeline=lay.pipeline, context=lay.context, data=lay.data,
+                    micro_batch=lay.micro_batch, schedule=schedule, virtual_stages=virtual,
+                    recompute=lay.recompute, zero=lay.zero, grad_reduce=grad_reduce,
+                    stages=stages, split=split,
+                    usd_per_hour=_times(price.best_usd_per_hour, nodes),
+                    usd_per_hour_spot=_times(price.spot_usd_per_hour, nodes),
+                    memory_capacity_gib=sysobj.gpu.memory_bytes / GIB)
+        try:
+            sc = self.scenario_of(lay, schedule=schedule, virtual=virtual,
+                                  grad_reduce=grad_reduce, stages=stages)
+            check_plan(sc, lay.gpus, self.spec.dims)
+            if split == "even" and stages is None:
+                from partita.planner.stages import with_default_stages
+                if with_default_stages(sc.parallel, self.spec.dims) is not sc.parallel:
+                    base["split"] = "balanced"
+            self.evaluated += 1
+            r = self.evaluate(sc)
+        except PartitaError as exc:
+            cand = Candidate(**base, error=str(exc))
+            self.results.append(cand)
+            return cand
+        days = usd = usd_spot = None
+        if self.tokens:
+            steps = self.tokens / (self.spec.scenario.training.global_batch * self.spec.seq_len)
+            hours = steps * r.step_time_s / 3600.0
+            days = hours / 24.0
+            usd = _times(base["usd_per_hour"], hours)
+            usd_spot = _times(base["usd_per_hour_spot"], hours)
+        cand = Candidate(**base, step_time_s=r.step_time_s, tokens_per_s=r.tokens_per_s,
+                         mfu=r.mfu, bubble_fraction=r.bubble_fraction,
+                         peak_memory_gib=r.peak_memory_bytes / GIB, fits=bool(r.fits_in_memory),
+                         days=days, usd=usd, usd_spot=usd_spot, scenario=sc)
+        self.results.append(cand)
+        return cand
+
+    def usable(self) -> list[Candidate]:
+        return [c for c in self.results if c.error is None and c.fits]
+
+    def top(self, k: int, *, per_system: bool = False) -> list[Candidate]:
+        ranked = sorted(self.usable(), key=lambda c: c.step_time_s)
+        if not per_system:
+            return ranked[:k]
+        out, count = [], {}
+        for c in ranked:
+            if count.get(c.system, 0) < k:
+                out.append(c)
+                count[c.system] = count.get(c.system, 0) + 1
+        return out
+
+    def best_text(self) -> str:
+        top = self.top(1)
+        if not top:
+            return "none fits yet"
+        c = top[0]
+        return (f"{c.step_time_s:.3f} s/step on {c.gpus} x {c.system} (TP {c.tensor} PP "
+                f"{c.pipeline} CP {c.context} DP {c.data}, mb {c.micro_batch}, {c.schedule})")
+
+    def result(self, *, objective: str, max_cost, max_days, pruned: int, seconds: float,
+               solver: str) -> PlanResult:
+        cands = [_budget(c, max_cost, max_days) for c in self.results]
+        cands = _mark_pareto(cands)
+        key = _objective_key(objective)
+        ok = sorted((c for c in cands if c.ok), key=key)
+        rest = sorted((c for c in cands if not c.ok and c.error is None and c.fits), key=key)
+        tight = sorted((c for c in cands if c.error is None and not c.fits),
+                       key=lambda c: c.peak_memory_gib)
+        failed = [c for c in cands if c.error is not None]
+        if not ok:
+            raise _no_plan(self.spec, rest, tight, failed, max_cost, max_days, objective)
+        best = ok[0]
+        doc = best.scenario.to_dict()
+        if self.spec.scenario.name:
+            doc["name"] = self.spec.scenario.name
+        if best.stages is None:
+            from partita.planner.stages import chunk_ranges, with_default_stages
+            par = with_default_stages(best.scenario.parallel, self.spec.dims)
+            doc["parallel"]["stages"] = [list(r) for r in chunk_ranges(
+                self.spec.dims.total_layers, par)]
+        return PlanResult(best=doc, candidates=tuple(ok + rest + tight + failed),
+                          objective=objective, tokens=self.tokens, evaluated=self.evaluated,
+                          pruned=pruned, seconds=seconds, solver=solver, notes=tuple(self.notes))
+
+
+def _times(a: float | None, b: float) -> float | None:
+    return None if a is None else a * b
+
+
+def _objective_key(objective: str):
+    def time_key(c):
+        return (c.step_time_s, c.peak_memory_gib)
+
+    def cost_key(c):
+        per = c.usd if c.usd is not None else _times(c.usd_per_hour, c.step_time_s / 3600.0)
+        return (math.inf if per is None else per, c.step_time_s)
+
+    def memory_key(c):
+        return (c.peak_memory_gib, c.step_time_s)
+    return {"time": time_key, "cost": cost_key, "memory": memory_key}[objective]
+
+
+def _budget(c: Candidate, max_cost, max_days) -> Candidate:
+    if c.error is not None or (max_cost is None and max_days is None):
+        return c
+    ok = True
+    if max_cost is not None and (c.usd is None or c.usd > max_cost):
+        ok = False
+    if max_days is not None and (c.days is None or c.days > max_days):
+        ok = False
+    return replace(c, within_budget=ok)
+
+
+def _mark_pareto(cands: list[Candidate]) -> list[Candidate]:
+    """Time vs cost (the budget's dollars, else dollars per step) among the usable plans."""
+    pts = []
+    for i, c in enumerate(cands):
+        if not c.ok or c.usd_per_hour is None:
+            continue
+        cost = c.usd if c.usd is not None else c.usd_per_hour * c.step_time_s / 3600.0
+        pts.append((c.step_time_s, cost, i))
+    front = set()
+    for t, cost, i in pts:
+        if not any((t2 <= t and c2 <= cost) and (t2 < t or c2 < cost) for t2, c2, _ in pts):
+            front.add(i)
+    return [replace(c, pareto=True) if i in front else c for i, c in enumerate(cands)]
+
+
+def _no_plan(spec: PlanSpec, rest, tight, failed, max_cost, max_days, objective) -> PartitaError:
+    if rest:
+        c = min(rest, key=_objective_key(objective))
+        got = []
+        if max_cost is not None:
+            cheapest = min((x.usd for x in rest if x.usd is not None), default=None)
+            got.append(f"--max-cost {max_cost:g} USD (cheapest plan: "
+                       + (f"{cheapest:,.0f} USD)" if cheapest is not None else "no price known)"))
+        if max_days is not None:
+            fastest = min((x.days for x in rest if x.days is not None), default=None)
+            got.append(f"--max-days {max_days:g} (fastest plan: "
+                       + (f"{fastest:.1f} days)" if fastest is not None else "no --tokens given)"))
+        return PartitaError(f"{spec.origin}: no plan meets " + " and ".join(got)
+                            + f"; the best without the budget is {c.gpus} x {c.system}")
+    if tight:
+        c = tight[0]
+        return PartitaError(f"{spec.origin}: no plan fits in memory: the leanest needs "
+                            f"{c.peak_memory_gib:.1f} GiB per GPU of {c.memory_capacity_gib:.1f} "
+                            f"GiB ({c.gpus} x {c.system}); allow more GPUs (--max-gpus), a larger "
+                            "GPU (--systems), recompute or ZeRO")
+    reason = failed[0].error if failed else "no candidate"
+    return PartitaError(f"{spec.origin}: every candidate failed; the first: {reason}")
