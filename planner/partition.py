@@ -212,7 +212,7 @@ def solve(problem: PartitionProblem) -> Partition:
         model.setObjective(M)
         status, name, gap = _run(model, problem, pulp)
         best_m = M.value()
-        model += M <= best_m * (1 + 1e-7) + 1.0, "memory_at_its_minimum"
+        model += M <= best_m * (1 + 1e-7) + 1e-9, "memory_at_its_minimum"
         model.setObjective(T)
         status, name, gap = _run(model, problem, pulp)
     ranges = _ranges(problem, y)
@@ -285,6 +285,7 @@ def _build(problem: PartitionProblem, pulp, upper: float | None = None):
     n = len(g.layers)
     cut = g.cut_bytes()
     model = pulp.LpProblem("partition", pulp.LpMinimize)
+    var = getattr(model, "add_variable", None) or pulp.LpVariable     # PuLP >= 3.3 / older
     # y[i][c] for c < k-1 (chunk k-1 is the last: y = 1 there for every layer). With an upper
     # bound U on the optimum no chunk computes more than U, so boundary c lies between the
     # furthest point k-1-c chunks of at most U can reach back from the end and the furthest
@@ -299,7 +300,7 @@ def _build(problem: PartitionProblem, pulp, upper: float | None = None):
             hi = 0 if i >= last[c] else 1        # layer i cannot be in a chunk <= c
             if lo > hi:
                 lo, hi = 0, 1
-            row.append(pulp.LpVariable(f"y_{i}_{c}", lowBound=lo, upBound=hi, cat="Integer"))
+            row.append(var(f"y_{i}_{c}", lowBound=lo, upBound=hi, cat="Integer"))
         y.append(row)
 
     def Y(i, c):
@@ -323,15 +324,15 @@ def _build(problem: PartitionProblem, pulp, upper: float | None = None):
         model += y[n - (k - 1 - c)][c] == 0, f"chunks_after_{c}_keep_{k - 1 - c}_layers"
     for c in range(k):
         model += pulp.lpSum(X(i, c) for i in range(n)) >= 1, f"chunk_{c}_not_empty"
-    T = pulp.LpVariable("max_rank_time_s", lowBound=0, upBound=upper)
-    M = pulp.LpVariable("max_rank_memory_gib", lowBound=0)
+    T = var("max_rank_time_s", lowBound=0, upBound=upper)
+    M = var("max_rank_memory_gib", lowBound=0)
     # Per-boundary seconds: sum over the layer it follows of z[i,c] * link(cut[i]).
     # z[i,c] = y[i,c] - y[i+1,c] is 1 for exactly one i per boundary c < k-1.
     sends = [pulp.lpSum(_link(problem, cut[i]) * (y[i][c] - y[i + 1][c]) for i in range(n - 1))
              for c in range(k - 1)]
     sep = []
     for t_i, t in enumerate(g.ties):
-        s = pulp.LpVariable(f"tie_{t_i}_apart", cat="Binary")
+        s = var(f"tie_{t_i}_apart", lowBound=0, upBound=1, cat="Integer")
         if p > 1:
             for c in range(k - 1):      # apart if some boundary lies between them ...
                 model += s >= Y(t.first, c) - Y(t.second, c), f"tie_{t_i}_apart_at_{c}"
@@ -353,7 +354,7 @@ def _build(problem: PartitionProblem, pulp, upper: float | None = None):
         if p == 1:
             break
         for r in range(p):
-            on_r = pulp.LpVariable(f"tie_{t_i}_copy_on_rank_{r}", lowBound=0)
+            on_r = var(f"tie_{t_i}_copy_on_rank_{r}", lowBound=0)
             second_here = pulp.lpSum(X(t.second, c) for c in range(r, k, p))
             model += on_r >= sep[t_i] + second_here - 1, f"tie_{t_i}_copy_rank_{r}"
             mem_r[r].append(t.state_bytes / GIB * on_r)
