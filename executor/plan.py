@@ -126,7 +126,7 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
     p, t = scenario.parallel, scenario.training
     if p is None:
         raise PartitaError(f"{where}no parallel section to execute; run `partita plan "
-                           f"{scenario.origin or 'FILE'}` to choose one")
+                           f"{scenario.origin or 'FILE'} -o planned.yaml` to choose one")
     dims = scenario.model.resolve()
     if dims is None:
         raise PartitaError(f"{where}model.module: partita run executes transformer models (dims, "

@@ -94,8 +94,8 @@ class Scenario:
     def microbatches(self) -> int:
         """Micro-batches per optimizer step per pipeline replica (gradient accumulation implied)."""
         if self.parallel is None:
-            raise PartitaError(f"{self.origin or 'scenario'}: no parallel section; "
-                               "run `partita plan` to choose one")
+            raise PartitaError(f"{self.origin or 'scenario'}: no parallel section; run "
+                               f"`partita plan {self.origin or 'FILE'} -o planned.yaml` to choose one")
         return self.training.global_batch // (self.training.micro_batch * self.parallel.data)
 
     def with_parallel(self, parallel: ParallelSpec) -> "Scenario":

@@ -40,7 +40,8 @@ class StepContext:
 def resolve(scenario: Scenario, catalog) -> StepContext:
     where = f"{scenario.origin}: " if scenario.origin else ""
     if scenario.parallel is None:
-        raise PartitaError(f"{where}no parallel section; run `partita plan` to choose one, "
+        raise PartitaError(f"{where}no parallel section; run `partita plan "
+                           f"{scenario.origin or 'FILE'} -o planned.yaml` to choose one, "
                            "or add parallel: {tensor, pipeline, data, ...}")
     hw = catalog.resolve_cluster(scenario.cluster, origin=scenario.origin)
     system, gpus = hw.system, hw.gpus
