@@ -173,3 +173,43 @@ def test_balanced_split_for_uneven_counts():
     even = ParallelSpec(pipeline=4)
     assert with_default_stages(even, TransformerDims(arch="gpt", layers=8, hidden=64, heads=4,
                                                      seq_len=16, vocab=128)) is even
+
+
+def test_a_time_limit_returns_the_best_found_with_its_gap():
+    """The status is read before any value: an integer-feasible stop (time limit) is reported as
+    such, with HiGHS's MIP gap; no solution at all is an error naming the limit."""
+    import pulp
+
+    from partita.planner import partition
+
+    class Info:
+        mip_gap = 0.0421
+
+    class FakeHighs:
+        def getInfo(self):
+            return Info()
+
+    class Model:
+        def __init__(self, status, sol):
+            self.status, self.sol_status, self.solverModel = status, sol, FakeHighs()
+
+        def solve(self, solver):
+            return self.status
+
+    pr = problem(LayerGraph.chain(layers([1, 1, 1])), 2, time_limit_s=0.5)
+    status, name, gap = partition._run(Model(pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible),
+                                       pr, pulp)
+    assert (status, name, gap) == ("time limit 0.5 s, best found", "HiGHS", 0.0421)
+    with pytest.raises(PartitaError, match="found no split within 0.5 s"):
+        partition._run(Model(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound), pr, pulp)
+
+
+def test_the_planner_modules_import_neither_the_simulator_nor_pulp_at_load():
+    import subprocess
+    import sys
+    code = ("import sys\nimport partita.planner.search, partita.planner.partition, "
+            "partita.planner.planspec, partita.planner.refine, partita.commands.plan\n"
+            "print(sorted({m.split('.')[0] if not m.startswith('partita') else m.rsplit('.', 1)[0]"
+            " for m in sys.modules if m.startswith(('partita.simulator', 'pulp', 'torch'))}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
