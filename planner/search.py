@@ -123,12 +123,17 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
          objective: str = "time", tokens: float | None = None, max_cost: float | None = None,
          max_days: float | None = None, progress: Callable[[str], None] | None = None,
          top_layouts: int = 6, time_budget_s: float | None = None,
-         max_evaluations: int | None = None, refine: int = 3) -> PlanResult:
+         max_evaluations: int | None = None, refine: int = 3,
+         headroom: float = 0.0) -> PlanResult:
     """Search what `scenario` (a path, a document or a `Scenario`) leaves open; see the module
-    docstring. `time_budget_s` / `max_evaluations` bound the layout phase (most promising first)."""
+    docstring. `time_budget_s` / `max_evaluations` bound the layout phase (most promising first).
+    `headroom`: the fraction of each GPU's memory a plan must leave free beyond the simulator's
+    own reserve (CUDA context, NCCL buffers, allocator fragmentation), e.g. 0.05."""
     started = time.perf_counter()
     if objective not in OBJECTIVES:
         raise PartitaError(f"--objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
+    if not 0.0 <= headroom < 1.0:
+        raise PartitaError(f"--headroom: expected a fraction in [0, 1), got {headroom!r}")
     spec = read_spec(scenario, catalog=catalog, systems=systems, max_gpus=max_gpus, nodes=nodes)
     if evaluate is None:
         from partita.simulator.step import simulate
@@ -136,7 +141,8 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
         def evaluate(s, _catalog=catalog):
             return simulate(s, _catalog)
     say = progress or (lambda msg: None)
-    run = _Run(spec=spec, evaluate=evaluate, catalog=catalog, tokens=tokens, say=say)
+    run = _Run(spec=spec, evaluate=evaluate, catalog=catalog, tokens=tokens, say=say,
+               headroom=headroom)
 
     # 1-2: layouts, timed with 1F1B, most promising first
     todo, pruned = _layouts(spec, catalog)
@@ -231,7 +237,8 @@ def _layout_of(c: Candidate) -> Layout:
 class _Run:
     """The candidates evaluated so far, their prices and budget numbers."""
 
-    def __init__(self, *, spec: PlanSpec, evaluate, catalog, tokens, say):
+    def __init__(self, *, spec: PlanSpec, evaluate, catalog, tokens, say, headroom=0.0):
+        self.headroom = headroom
         self.spec, self.evaluate, self.catalog, self.tokens, self.say = (
             spec, evaluate, catalog, tokens, say)
         self.results: list[Candidate] = []
@@ -298,7 +305,9 @@ class _Run:
             usd_spot = _times(base["usd_per_hour_spot"], hours)
         cand = Candidate(**base, step_time_s=r.step_time_s, tokens_per_s=r.tokens_per_s,
                          mfu=r.mfu, bubble_fraction=r.bubble_fraction,
-                         peak_memory_gib=r.peak_memory_bytes / GIB, fits=bool(r.fits_in_memory),
+                         peak_memory_gib=r.peak_memory_bytes / GIB,
+                         fits=bool(r.fits_in_memory) and r.peak_memory_bytes <= (
+                             1.0 - self.headroom) * r.memory_capacity_bytes,
                          days=days, usd=usd, usd_spot=usd_spot, scenario=sc)
         self.results.append(cand)
         return cand

@@ -95,6 +95,13 @@ def test_objectives_cost_and_memory():
     assert mem.candidates[0].peak_memory_gib == min(x.peak_memory_gib for x in mem.candidates if x.ok)
 
 
+def test_headroom_turns_tight_plans_away():
+    loose = plan(small(), catalog=CATALOG, evaluate=fake_evaluate)
+    assert loose.candidates[0].fits                   # fake peak: half the capacity
+    with pytest.raises(PartitaError, match="no plan fits in memory"):
+        plan(small(), catalog=CATALOG, evaluate=fake_evaluate, headroom=0.6)
+
+
 def test_budget_no_plan_meets_is_one_error():
     with pytest.raises(PartitaError, match="no plan meets --max-cost 0.01 USD"):
         plan(small(), catalog=CATALOG, evaluate=fake_evaluate, tokens=1e12, max_cost=0.01)

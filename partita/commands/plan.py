@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "for --tokens (on-demand price)")
     p.add_argument("--max-days", type=float, metavar="D", help="only plans finishing --tokens "
                    "within D days")
+    p.add_argument("--headroom", type=float, default=0.0, metavar="F",
+                   help="fraction of GPU memory a plan must leave free beyond the simulator's "
+                        "reserve (default 0)")
     p.add_argument("--top", type=int, default=10, metavar="K", help="rows to print (default 10)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="stop timing layouts after about S seconds (most promising first)")
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     result = plan(args.file, catalog=catalog, systems=systems, max_gpus=args.max_gpus,
                   nodes=args.nodes, objective=args.objective, tokens=args.tokens,
                   max_cost=args.max_cost, max_days=args.max_days, progress=progress,
-                  time_budget_s=args.time_budget)
+                  time_budget_s=args.time_budget, headroom=args.headroom)
     if out is not None:
         _write(out, result.best)
     if args.json:
