@@ -26,7 +26,8 @@ from partita.planner.catalog import load_catalog                      # noqa: E4
 from partita.planner.errors import PartitaError                       # noqa: E402
 from partita.planner.layergraph import plan_problem                   # noqa: E402
 from partita.planner.modelspec import TransformerDims, preset_dims    # noqa: E402
-from partita.planner.partition import exact_chain, solve              # noqa: E402
+from partita.planner.partition import solve                           # noqa: E402
+from partita.planner.partition_dp import exact_chain                  # noqa: E402
 from partita.planner.scenario import ParallelSpec, TrainingSpec, load_scenario, parse_scenario  # noqa: E402
 from partita.planner.search import plan                               # noqa: E402
 from partita.simulator.step import simulate                           # noqa: E402

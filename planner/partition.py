@@ -27,16 +27,13 @@ Graph Operators", NeurIPS, adapted to min-max with memory):
 v chunks in turn, so each round's critical path passes through the slowest; Narayanan et al. 2021,
 Sec. 2.2) subject to memory(r) <= capacity; `optimize: memory`
 minimises max_r memory(r) and then, at that memory, the time. The solution is checked by
-`evaluate()` in plain arithmetic, and `exact_chain()` gives the same optimum by dynamic programming
-(the property test holds them equal).
+`evaluate()` in plain arithmetic, and `partition_dp.exact_chain()` gives the same optimum by
+dynamic programming (the property test holds them equal).
 """
 from __future__ import annotations
 
-import os
-import sys
 import time
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from partita.planner.errors import PartitaError
 
@@ -204,6 +201,7 @@ def solve(problem: PartitionProblem) -> Partition:
     import pulp
     started = time.perf_counter()
     upper = _upper_bound(problem) if problem.optimize == "speed" else None
+    from partita.planner.ilp_solver import run_solver as _run
     model, y, T, M = _build(problem, pulp, upper)
     if problem.optimize == "speed":
         model.setObjective(T)
@@ -373,58 +371,6 @@ def _build(problem: PartitionProblem, pulp, upper: float | None = None):
     return model, y, T, M
 
 
-@lru_cache(maxsize=1)
-def _highs_banner_shown() -> bool:
-    """highspy prints its banner on stdout at the first `Highs()` of a process, which would
-    corrupt `--json` output: create that first instance with stdout pointed at /dev/null."""
-    try:
-        import highspy
-    except ImportError:
-        return False
-    sys.stdout.flush()
-    saved = os.dup(1)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 1)
-            highspy.Highs()
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-    return True
-
-
-def _solver(problem: PartitionProblem, pulp):
-    """HiGHS through highspy, else CBC; never silently: the name goes into the result."""
-    tl = max(0.1, float(problem.time_limit_s))
-    if problem.solver == "highs":
-        highs = pulp.HiGHS(msg=False, timeLimit=tl, gapRel=1e-9)
-        if highs.available() and _highs_banner_shown():
-            return highs, "HiGHS"
-    cbc = pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=1e-9)
-    if not cbc.available():
-        raise PartitaError("partition: neither HiGHS (pip install highspy) nor CBC is available")
-    note = "" if problem.solver == "cbc" else " (HiGHS not available)"
-    return cbc, "CBC" + note
-
-
-def _run(model, problem: PartitionProblem, pulp) -> tuple[str, str, float]:
-    solver, name = _solver(problem, pulp)
-    model.solve(solver)
-    status = pulp.LpStatus[model.status]
-    sol = model.sol_status
-    if status == "Infeasible" or sol == pulp.LpSolutionInfeasible:
-        raise _infeasible(problem)
-    if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        raise PartitaError(f"partition: {name} found no split within {problem.time_limit_s:g} s "
-                           f"(status {status}); allow more time or fewer chunks")
-    if sol == pulp.LpSolutionOptimal:
-        return "optimal", name, 0.0
-    gap = float("nan")
-    if name == "HiGHS" and getattr(model, "solverModel", None) is not None:
-        gap = float(model.solverModel.getInfo().mip_gap)
-    return f"time limit {problem.time_limit_s:g} s, best found", name, gap
-
-
 def _ranges(problem: PartitionProblem, y) -> tuple[tuple[int, int], ...]:
     n, k = len(problem.graph.layers), problem.chunks
     out, start = [], 0
@@ -438,9 +384,17 @@ def _ranges(problem: PartitionProblem, y) -> tuple[tuple[int, int], ...]:
 
 def _infeasible(problem: PartitionProblem) -> PartitaError:
     """Name the rank that cannot fit, its need at the memory-balanced split and what would help."""
-    lean = exact_chain(problem, optimize="memory", capacity=float("inf"))
-    r = max(range(problem.stages), key=lambda i: lean.rank_memory_bytes[i])
-    need = lean.rank_memory_bytes[r]
+    from partita.planner.partition_dp import exact_chain
+    if problem.virtual_stages == 1 and not problem.graph.ties:
+        lean = exact_chain(problem, optimize="memory", capacity=float("inf"))
+        need_by_rank = lean.rank_memory_bytes
+    else:                                   # the even split: an upper bound on the leanest need
+        from partita.planner.stages import min_max_ranges
+        ranges = min_max_ranges([1.0] * len(problem.graph.layers), problem.chunks)
+        need_by_rank = evaluate(problem, ranges)[1]
+    lean_need = need_by_rank
+    r = max(range(problem.stages), key=lambda i: lean_need[i])
+    need = lean_need[r]
     return PartitaError(
         f"no split into {problem.stages} pipeline stages"
         + (f" x {problem.virtual_stages} virtual" if problem.virtual_stages > 1 else "")
@@ -448,58 +402,3 @@ def _infeasible(problem: PartitionProblem) -> PartitaError:
         f"capacity is {problem.capacity_bytes / GIB:.1f} GiB usable per GPU; it would fit with more "
         "pipeline stages, a smaller micro-batch, recompute (selective or full), ZeRO sharding, more "
         "tensor parallelism or a GPU with more memory")
-
-
-def exact_chain(problem: PartitionProblem, *, optimize: str | None = None,
-                capacity: float | None = None) -> Partition:
-    """The exact optimum by dynamic programming over boundaries (no virtual stages: one chunk per
-    rank, ties ignored): best[c][j] = min over i of max(best[c-1][i], cost(c, i, j))."""
-    check(problem)
-    if problem.virtual_stages != 1 or problem.graph.ties:
-        raise PartitaError("exact_chain: one chunk per rank and no tied layers only")
-    g, k = problem.graph, problem.stages
-    n = len(g.layers)
-    cap = problem.capacity_bytes if capacity is None else capacity
-    opt = optimize or problem.optimize
-    cut = g.cut_bytes()
-    pt, ps, pa = [0.0], [0.0], [0.0]
-    for layer in g.layers:
-        pt.append(pt[-1] + layer.time_s)
-        ps.append(ps[-1] + layer.state_bytes)
-        pa.append(pa[-1] + layer.activation_bytes)
-    fixed = _fixed(problem)
-
-    def cost(c, i, j):   # chunk c holds layers i..j-1
-        mem = fixed[c] + ps[j] - ps[i] + problem.inflight[c] * (pa[j] - pa[i])
-        t = pt[j] - pt[i] + (_link(problem, cut[i - 1]) if i > 0 else 0.0) + (
-            _link(problem, cut[j - 1]) if j < n else 0.0)
-        if mem > cap * (1 + 1e-12):
-            return None
-        return (t, mem) if opt == "speed" else (mem, t)
-
-    inf = (float("inf"), float("inf"))
-    best = [[inf] * (n + 1) for _ in range(k + 1)]
-    arg = [[-1] * (n + 1) for _ in range(k + 1)]
-    best[0][0] = (0.0, 0.0)
-    for c in range(1, k + 1):
-        for j in range(c, n - (k - c) + 1):
-            for i in range(c - 1, j):
-                if best[c - 1][i] == inf:
-                    continue
-                cst = cost(c - 1, i, j)
-                if cst is None:
-                    continue
-                val = (max(best[c - 1][i][0], cst[0]), max(best[c - 1][i][1], cst[1]))
-                if val < best[c][j]:
-                    best[c][j], arg[c][j] = val, i
-    if best[k][n] == inf:
-        raise _infeasible(problem) if capacity is None else PartitaError("exact_chain: no split")
-    ranges, j = [], n
-    for c in range(k, 0, -1):
-        i = arg[c][j]
-        ranges.append((i, j))
-        j = i
-    ranges = tuple(reversed(ranges))
-    times, mems = evaluate(problem, ranges)
-    return Partition(ranges=ranges, rank_time_s=tuple(times), rank_memory_bytes=tuple(mems),
-                     solver="dp", status="optimal")

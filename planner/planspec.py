@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from partita.planner.candidates import MICRO_BATCHES, RECOMPUTE_ORDER, ZERO_ORDER, Layout, gpu_counts

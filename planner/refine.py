@@ -13,13 +13,16 @@ from partita.planner.layergraph import plan_problem
 from partita.planner.partition import solve
 
 
-def link_bytes_per_s(system, gpus: int, pipeline: int) -> float:
+def link_bytes_per_s(system, gpus: int, pipeline: int) -> float | None:
     """Bytes/s of one pipeline send: intra-node while the whole job fits one node, else the
-    node's network bandwidth shared by its GPUs (each sends to its neighbour at once)."""
-    intra = system.intra.bytes_per_s or system.gpu.pcie_bytes_per_s or 1e10
+    node's network bandwidth shared by its GPUs (each sends to its neighbour at once); None where
+    the catalog does not know the link (the split is then not refined)."""
+    intra = system.intra.bytes_per_s or system.gpu.pcie_bytes_per_s
     if gpus <= system.gpus_per_node or pipeline == 1:
         return intra
-    inter = system.inter.bytes_per_s or 1e10
+    inter = system.inter.bytes_per_s
+    if intra is None or inter is None:
+        return None
     return min(intra, inter / system.gpus_per_node)
 
 
@@ -30,10 +33,13 @@ def refine_stages(cand, *, spec, catalog, run, time_limit_s: float = 20.0):
     sc = cand.scenario
     system = catalog.system(cand.system)
     t = sc.training
+    link = link_bytes_per_s(system, cand.gpus, cand.pipeline)
+    if link is None:
+        return None, f"ILP split not used: {system.name}'s link bandwidth is not in the catalog"
     try:
         problem = plan_problem(spec.dims, t, sc.parallel, memory_bytes=system.gpu.memory_bytes,
                                peak_flops=system.gpu.peak(t.precision),
-                               link_bytes_per_s=link_bytes_per_s(system, cand.gpus, cand.pipeline),
+                               link_bytes_per_s=link,
                                optimize=spec.optimize, time_limit_s=time_limit_s)
         split = solve(problem)
     except PartitaError as exc:

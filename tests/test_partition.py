@@ -8,8 +8,8 @@ from hypothesis import strategies as st
 from partita.planner.errors import PartitaError
 from partita.planner.layergraph import inflight, plan_problem, transformer_graph
 from partita.planner.modelspec import TransformerDims, preset_dims
-from partita.planner.partition import (Layer, LayerGraph, PartitionProblem, Tie, evaluate,
-                                       exact_chain, solve)
+from partita.planner.partition import Layer, LayerGraph, PartitionProblem, Tie, evaluate, solve
+from partita.planner.partition_dp import exact_chain
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 from partita.planner.stages import balanced_stages, min_max_ranges, with_default_stages
 
@@ -180,7 +180,7 @@ def test_a_time_limit_returns_the_best_found_with_its_gap():
     such, with HiGHS's MIP gap; no solution at all is an error naming the limit."""
     import pulp
 
-    from partita.planner import partition
+    from partita.planner.ilp_solver import run_solver
 
     class Info:
         mip_gap = 0.0421
@@ -197,11 +197,11 @@ def test_a_time_limit_returns_the_best_found_with_its_gap():
             return self.status
 
     pr = problem(LayerGraph.chain(layers([1, 1, 1])), 2, time_limit_s=0.5)
-    status, name, gap = partition._run(Model(pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible),
+    status, name, gap = run_solver(Model(pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible),
                                        pr, pulp)
     assert (status, name, gap) == ("time limit 0.5 s, best found", "HiGHS", 0.0421)
     with pytest.raises(PartitaError, match="found no split within 0.5 s"):
-        partition._run(Model(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound), pr, pulp)
+        run_solver(Model(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound), pr, pulp)
 
 
 def test_the_planner_modules_import_neither_the_simulator_nor_pulp_at_load():
