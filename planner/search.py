@@ -65,24 +65,33 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
     run = _Run(spec=spec, evaluate=evaluate, catalog=catalog, tokens=tokens, say=say,
                headroom=headroom)
 
-    # 1-2: layouts, timed with 1F1B, most promising first
-    todo, pruned = _layouts(spec, catalog)
-    if not todo:
+    # 1-2: layouts, timed with 1F1B, most promising first; per layout the recompute settings
+    # from none to full, stopping at the first that fits (more recompute only adds time)
+    groups, pruned = _layouts(spec, catalog)
+    if not groups:
         raise PartitaError(f"{spec.origin}: no layout passes the rules and fits in memory "
                            f"({pruned} tried): " + spec.no_layout_hint())
-    todo.sort(key=lambda lay: _estimate(spec, catalog, lay))
+    groups.sort(key=lambda g: _estimate(spec, catalog, g[0]))
     budget_end = None if time_budget_s is None else started + 0.7 * time_budget_s
-    for i, lay in enumerate(todo):
-        if max_evaluations is not None and i >= max_evaluations:
+    for i, group in enumerate(groups):
+        if max_evaluations is not None and run.evaluated >= max_evaluations:
+            run.notes.append(f"--max-evaluations: {i} of {len(groups)} layouts timed")
             break
         if budget_end is not None and time.perf_counter() > budget_end and run.results:
-            run.notes.append(f"time budget: {i} of {len(todo)} layouts timed, most promising first")
+            run.notes.append(f"time budget: {i} of {len(groups)} layouts timed, most promising "
+                             "first")
             break
-        run.add(lay, schedule=spec.default_schedule(lay.pipeline), virtual=1,
-                grad_reduce=spec.fixed.get("grad_reduce", "auto"))
-        if i % 200 == 199:
-            say(f"layouts: {i + 1}/{len(todo)} timed, best {run.best_text()}")
-    say(f"layouts: {min(len(todo), run.evaluated)} timed, {pruned} pruned, best {run.best_text()}")
+        fitted = set()
+        for lay in group:
+            if lay.zero in fitted:
+                continue
+            cand = run.add(lay, schedule=spec.default_schedule(lay.pipeline), virtual=1,
+                           grad_reduce=spec.fixed.get("grad_reduce", "auto"))
+            if cand is not None and cand.error is None and cand.fits:
+                fitted.add(lay.zero)
+        if i % 100 == 99:
+            say(f"layouts: {i + 1}/{len(groups)} timed, best {run.best_text()}")
+    say(f"layouts: {run.evaluated} simulations, {pruned} pruned, best {run.best_text()}")
 
     # 3: schedules, virtual stages and reductions for the best layouts
     for cand in run.top(top_layouts, per_system=True):
@@ -102,12 +111,14 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
                       pruned=pruned, seconds=time.perf_counter() - started, solver=solver)
 
 
-def _layouts(spec: PlanSpec, catalog) -> tuple[list[Layout], int]:
-    todo, pruned = [], 0
+def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int]:
+    """Layouts that pass the rules and the memory floor, grouped by everything but recompute
+    and ZeRO; each group ordered by ZeRO stage, then recompute from none to full."""
+    groups: dict[tuple, list[Layout]] = {}
+    pruned = 0
     for system in spec.systems:
         sysobj = catalog.system(system)
-        counts = spec.counts(sysobj)
-        for gpus in counts:
+        for gpus in spec.counts(sysobj):
             for lay in layouts(spec.dims, spec.scenario.training, system=system, gpus=gpus,
                                gpus_per_node=sysobj.gpus_per_node, fixed=spec.fixed,
                                micro_batches=spec.micro_batches(), recomputes=spec.recomputes(),
@@ -119,23 +130,12 @@ def _layouts(spec: PlanSpec, catalog) -> tuple[list[Layout], int]:
                 if floor > sysobj.gpu.memory_bytes:
                     pruned += 1
                     continue
-                todo.append(lay)
-    return _dominant(todo), pruned
-
-
-def _dominant(todo: list[Layout]) -> list[Layout]:
-    """Per layout, the two least costly recompute settings and ZeRO stages that passed the floor
-    (more recompute or sharding only adds work once memory fits)."""
-    keep, seen = [], {}
-    for lay in todo:
-        key = (lay.system, lay.gpus, lay.tensor, lay.pipeline, lay.context, lay.data,
-               lay.micro_batch)
-        seen.setdefault(key, []).append(lay)
-    for group in seen.values():
-        rcs = sorted({g.recompute for g in group}, key=RECOMPUTE_ORDER.index)[:2]
-        zs = sorted({g.zero for g in group})[:2]
-        keep += [g for g in group if g.recompute in rcs and g.zero in zs]
-    return keep
+                key = (lay.system, lay.gpus, lay.tensor, lay.pipeline, lay.context, lay.data,
+                       lay.micro_batch)
+                groups.setdefault(key, []).append(lay)
+    out = [sorted(g, key=lambda lay: (lay.zero, RECOMPUTE_ORDER.index(lay.recompute)))
+           for g in groups.values()]
+    return out, pruned
 
 
 def _estimate(spec: PlanSpec, catalog, lay: Layout) -> float:
