@@ -124,7 +124,7 @@ def _document(scenario) -> tuple[dict[str, Any], str]:
 
 def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None) -> PlanSpec:
     doc, origin = _document(scenario)
-    doc, kept = translate(doc, origin)
+    doc, kept = translate(doc, origin, searching=True)
     if not isinstance(doc, dict):
         raise PartitaError(f"{origin}: expected a mapping at the top level")
     where = f"{origin}: "

@@ -36,9 +36,11 @@ PIPELINE = {"simple": "gpipe", "interleaved": "1f1b"}
 OPTIMIZE = ("speed", "memory")
 
 
-def translate(doc: Any, origin: str = "") -> tuple[Any, dict[str, Any]]:
+def translate(doc: Any, origin: str = "", *, searching: bool = False) -> tuple[Any, dict[str, Any]]:
     """(the document with partita's names, the SageMaker settings partita keeps apart: `optimize`,
-    `microbatches`, `ddp`). A document without a `sagemaker:` section comes back unchanged."""
+    `microbatches`, `ddp`). A document without a `sagemaker:` section comes back unchanged.
+    `searching`: for `partita plan`, where `microbatches` constrains the data degree it searches;
+    otherwise `microbatches` needs `parallel.data` to give the micro-batch size."""
     if not isinstance(doc, dict) or "sagemaker" not in doc:
         return doc, {}
     where = f"{origin}: " if origin else ""
@@ -102,6 +104,10 @@ def translate(doc: Any, origin: str = "") -> tuple[Any, dict[str, Any]]:
                                    f"training.micro_batch ({training['micro_batch']}): "
                                    f"{m} micro-batches need micro_batch {mb}")
             training["micro_batch"] = mb
+        elif not searching:
+            raise PartitaError(f"{where}sagemaker.microbatches ({m}) needs parallel.data and "
+                               "training.global_batch to give the micro-batch size; add "
+                               "parallel.data, or run `partita plan` to search it")
     if not par:
         del out["parallel"]
     return out, kept

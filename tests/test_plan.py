@@ -176,6 +176,8 @@ def test_sagemaker_parameters_map_to_partita_names():
     bad["sagemaker"] = {"partitions": 2}
     with pytest.raises(PartitaError, match="sagemaker.partitions \\(2\\) contradicts parallel.pipeline"):
         translate(bad)
+    with pytest.raises(PartitaError, match="microbatches \\(4\\) needs parallel.data"):
+        translate({**small(), "sagemaker": {"microbatches": 4}})
     with pytest.raises(PartitaError, match="sagemaker.placement_strategy"):
         translate({**small(), "sagemaker": {"placement_strategy": "spread"}})
 
