@@ -6,7 +6,8 @@ chunk 0 and the last chunk hold them. Edges: each block feeds the next; a t5 enc
 feeds every decoder block (cross-attention), so every decoder boundary also carries the encoder
 output. Tied embeddings (gpt, bert, t5) are a `Tie` between the first and the last block.
 
-Costs come from the analytic model (`planner.costmodel`, no hardware calibration): seconds are
+`profile_graph` does the same for any profile (`partita profile` of an nn.Module): a chain of its
+layers. Costs come from the analytic model (`planner.costmodel`, no hardware calibration): seconds are
 model FLOPs over the GPU's dense peak (the ILP needs the ratio of compute to sends, and every plan
 it splits is then timed by the simulator), bytes as in `costmodel` and the Megatron memory
 accounting (weights, gradients, Adam moments and fp32 master copy, sharded by ZeRO).
@@ -20,6 +21,7 @@ from partita.planner.documents import load_document
 from partita.planner.modelspec import TransformerDims
 from partita.planner.partition import Layer, LayerGraph, PartitionProblem, Tie
 from partita.planner.paths import CALIBRATION_DIR
+from partita.planner.profile import ModelProfile
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 
 GIB = 1024 ** 3
@@ -118,6 +120,27 @@ def transformer_graph(dims: TransformerDims, training: TrainingSpec, parallel: P
         sync = 2 * table * e / link_bytes_per_s / m       # the embedding group's all-reduce
         ties = (Tie(first=0, second=n - 1, state_bytes=table * per_param, sync_s=sync),)
     return LayerGraph(layers=tuple(layers), edges=tuple(edges), ties=ties)
+
+
+def profile_graph(profile: ModelProfile, training: TrainingSpec, parallel: ParallelSpec, *,
+                  peak_flops: float, link_bytes_per_s: float | None = None) -> LayerGraph:
+    """The layers of a profile (analytic, or `partita profile` of any nn.Module on the meta
+    device) as a chain, one node per profiled layer: the `parallel.stages` numbering of a
+    `model.module` scenario. A layer's measured times (`profile --measure`) replace its FLOPs
+    at peak where present."""
+    per_param = bytes_per_parameter(training, parallel)
+    out = []
+    for layer in profile.layers:
+        if layer.fwd_s is not None and layer.bwd_s is not None:
+            fwd, bwd = layer.fwd_s, layer.bwd_s
+        else:
+            fwd, bwd = layer.fwd_flops / peak_flops, layer.bwd_flops / peak_flops
+        redo = fwd if training.recompute == "full" else 0.0
+        kept = layer.output_bytes if training.recompute == "full" else layer.activation_bytes
+        out.append(Layer(name=layer.name, time_s=fwd + bwd + redo,
+                         state_bytes=layer.params * per_param, activation_bytes=kept,
+                         output_bytes=layer.output_bytes))
+    return LayerGraph.chain(out)
 
 
 def plan_problem(dims: TransformerDims, training: TrainingSpec, parallel: ParallelSpec, *,

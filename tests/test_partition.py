@@ -213,3 +213,16 @@ def test_the_planner_modules_import_neither_the_simulator_nor_pulp_at_load():
             " for m in sys.modules if m.startswith(('partita.simulator', 'pulp', 'torch'))}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_a_profiled_module_splits_by_its_own_layers():
+    from partita.planner.costmodel import analytic_profile
+    from partita.planner.layergraph import profile_graph
+    dims = TransformerDims(arch="gpt", layers=6, hidden=256, heads=4, seq_len=128, vocab=50000)
+    prof = analytic_profile(dims, micro_batch=2, precision="bf16")     # embedding, 6 blocks, head
+    t, par = TrainingSpec(global_batch=8, micro_batch=2), ParallelSpec(pipeline=3)
+    g = profile_graph(prof, t, par, peak_flops=1e14)
+    assert [l.name for l in g.layers] == [l.name for l in prof.layers]
+    split = solve(problem(g, 3))
+    assert len(split.ranges) == 3 and split.ranges[-1][1] == 8
+    assert split.ranges[-1][1] - split.ranges[-1][0] <= 2    # the big LM head stands almost alone
