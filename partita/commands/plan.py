@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--headroom", type=float, default=0.0, metavar="F",
                    help="fraction of GPU memory a plan must leave free beyond the simulator's "
                         "reserve (default 0)")
+    p.add_argument("--optimize", choices=("speed", "memory"), default=None,
+                   help="the ILP layer split: fastest slowest stage (default) or least memory on "
+                        "the fullest GPU (SageMaker's optimize)")
     p.add_argument("--top", type=int, default=10, metavar="K", help="rows to print (default 10)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="stop timing layouts after about S seconds (most promising first)")
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
     result = plan(args.file, catalog=catalog, systems=systems, max_gpus=args.max_gpus,
                   nodes=args.nodes, objective=args.objective, tokens=args.tokens,
                   max_cost=args.max_cost, max_days=args.max_days, progress=progress,
-                  time_budget_s=args.time_budget, headroom=args.headroom)
+                  time_budget_s=args.time_budget, headroom=args.headroom,
+                  optimize=args.optimize)
     if out is not None:
         _write(out, result.best)
     if args.json:
