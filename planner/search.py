@@ -91,7 +91,9 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
         for lay in group:
             if lay.zero in fitted:
                 continue
-            cand = run.add(lay, schedule=spec.default_schedule(lay.pipeline), virtual=1,
+            schedule = spec.default_schedule(lay.pipeline)
+            virtual = spec.fixed.get("virtual_stages", 1) if schedule == "interleaved-1f1b" else 1
+            cand = run.add(lay, schedule=schedule, virtual=virtual,
                            grad_reduce=spec.fixed.get("grad_reduce", "auto"))
             if cand is not None and cand.error is None and cand.fits:
                 fitted.add(lay.zero)
@@ -109,7 +111,7 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
 
     # 4: the ILP split for the best plans
     solver = ""
-    for cand in run.top(refine):
+    for cand in run.top(refine if "stages" not in spec.fixed else 0):
         better, text = refine_stages(cand, spec=spec, catalog=catalog, run=run)
         solver = solver or text
     say(f"split: {solver or 'even'}; best {run.best_text()}")
@@ -188,7 +190,7 @@ class _Run:
             overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
             overlap_param_gather=fixed.get("overlap_param_gather", True),
             tp_comm_overlap=fixed.get("tp_comm_overlap", False), grad_reduce=grad_reduce,
-            stages=stages)
+            stages=stages if stages is not None else fixed.get("stages"))
         cluster = replace(s.cluster, system=lay.system, gpus=lay.gpus, nodes=None)
         training = replace(s.training, micro_batch=lay.micro_batch, recompute=lay.recompute)
         return replace(s, cluster=cluster, training=training, parallel=par)

@@ -84,6 +84,15 @@ def test_fixed_fields_stay_fixed():
     assert set(df.tensor) == {2} and set(df.micro_batch) == {2} and set(df.gpus) == {16}
 
 
+def test_given_stages_and_virtual_stages_are_kept():
+    doc = small(parallel__pipeline=2, parallel__schedule="interleaved-1f1b",
+                parallel__virtual_stages=2, parallel__stages=[[0, 1], [1, 3], [3, 5], [5, 6]],
+                training__micro_batch=2)
+    r = plan(doc, catalog=CATALOG, evaluate=fake_evaluate)
+    assert r.best["parallel"]["stages"] == [[0, 1], [1, 3], [3, 5], [5, 6]]
+    assert {(c.schedule, c.virtual_stages) for c in r.candidates} == {("interleaved-1f1b", 2)}
+
+
 def test_objectives_cost_and_memory():
     cost = plan(small(cluster__gpus=None), catalog=CATALOG, evaluate=fake_evaluate, max_gpus=16,
                 objective="cost")
