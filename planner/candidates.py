@@ -18,7 +18,9 @@ from partita.planner.scenario import ParallelSpec, TrainingSpec
 
 RECOMPUTE_ORDER = ("none", "selective", "full")
 ZERO_ORDER = (0, 1, 3)
-MICRO_BATCHES = (1, 2, 4, 8)
+MAX_MICRO_BATCH = 16           # sequences; beyond it the pipeline bubble and memory only grow
+MIN_CONTEXT_TOKENS = 1024      # context parallelism keeps at least this many tokens per rank
+CONTEXT_FROM_SEQ = 8192        # and is searched only for sequences at least this long
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,13 +58,15 @@ def gpu_counts(gpus_per_node: int, max_gpus: int) -> list[int]:
 
 def layouts(dims: TransformerDims, training: TrainingSpec, *, system: str, gpus: int,
             gpus_per_node: int, fixed: dict, micro_batches, recomputes, zeros):
-    """Every layout on `gpus` GPUs that the scenario rules allow, fixed fields kept."""
+    """Every layout on `gpus` GPUs that the scenario rules allow, fixed fields kept.
+    `micro_batches` None: every divisor of the per-replica batch up to MAX_MICRO_BATCH."""
     nodes = -(-gpus // gpus_per_node)
     ts = [fixed["tensor"]] if "tensor" in fixed else [
         t for t in divisors(gpus) if t <= gpus_per_node and dims.heads % t == 0
         and dims.ffn_hidden % t == 0 and (dims.kv_heads % t == 0 or t % dims.kv_heads == 0)]
-    cs = [fixed["context"]] if "context" in fixed else [
-        c for c in (1, 2, 4, 8) if dims.seq_len % c == 0 and (c == 1 or dims.seq_len >= 8192)]
+    cs = [fixed["context"]] if "context" in fixed else [1] + [
+        c for c in (2 ** k for k in range(1, 12)) if c <= gpus and dims.seq_len % c == 0
+        and dims.seq_len >= CONTEXT_FROM_SEQ and dims.seq_len // c >= MIN_CONTEXT_TOKENS]
     for t in ts:
         for c in cs:
             if gpus % (t * c):
@@ -76,7 +80,11 @@ def layouts(dims: TransformerDims, training: TrainingSpec, *, system: str, gpus:
                 d = rest // p
                 if "data" in fixed and fixed["data"] != d:
                     continue
-                for mb in micro_batches:
+                per_replica = training.global_batch // d if training.global_batch % d == 0 else 0
+                mbs = micro_batches if micro_batches is not None else [
+                    mb for mb in range(1, min(per_replica, MAX_MICRO_BATCH) + 1)
+                    if per_replica % mb == 0]
+                for mb in mbs:
                     if training.global_batch % (mb * d):
                         continue
                     for rc in recomputes:

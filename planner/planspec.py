@@ -13,7 +13,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from partita.planner.candidates import MICRO_BATCHES, RECOMPUTE_ORDER, ZERO_ORDER, Layout, gpu_counts
+from partita.planner.candidates import RECOMPUTE_ORDER, ZERO_ORDER, Layout, gpu_counts
 from partita.planner.documents import load_document
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
@@ -56,8 +56,9 @@ class PlanSpec:
             counts = [g for g in counts if g % need == 0]
         return counts
 
-    def micro_batches(self) -> tuple[int, ...]:
-        return (self.scenario.training.micro_batch,) if self.fixed_micro_batch else MICRO_BATCHES
+    def micro_batches(self) -> tuple[int, ...] | None:
+        """The fixed micro-batch, or None: every divisor of the per-replica batch up to 16."""
+        return (self.scenario.training.micro_batch,) if self.fixed_micro_batch else None
 
     def recomputes(self) -> tuple[str, ...]:
         return (self.scenario.training.recompute,) if self.fixed_recompute else RECOMPUTE_ORDER
