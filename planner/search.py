@@ -73,10 +73,12 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
 
     # 1-2: layouts, timed with 1F1B, most promising first; per layout the recompute settings
     # from none to full, stopping at the first that fits (more recompute only adds time)
-    groups, pruned = _layouts(spec, catalog)
+    groups, pruned, skipped = _layouts(spec, catalog)
+    run.notes.extend(skipped)
     if not groups:
         raise PartitaError(f"{spec.origin}: no layout passes the rules and fits in memory "
-                           f"({pruned} tried): " + spec.no_layout_hint())
+                           f"({pruned} tried): " + spec.no_layout_hint()
+                           + "".join(f"; {s}" for s in skipped))
     groups.sort(key=lambda g: _estimate(spec, catalog, g[0]))
     budget_end = None if time_budget_s is None else started + 0.7 * time_budget_s
     for i, group in enumerate(groups):
@@ -119,13 +121,19 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
                       pruned=pruned, seconds=time.perf_counter() - started, solver=solver)
 
 
-def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int]:
+def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str]]:
     """Layouts that pass the rules and the memory floor, grouped by everything but recompute
-    and ZeRO; each group ordered by ZeRO stage, then recompute from none to full."""
+    and ZeRO; each group ordered by ZeRO stage, then recompute from none to full. Systems that
+    cannot run the scenario at all (precision) are skipped with the reason."""
     groups: dict[tuple, list[Layout]] = {}
-    pruned = 0
+    pruned, skipped = 0, []
     for system in spec.systems:
         sysobj = catalog.system(system)
+        try:
+            sysobj.gpu.peak(spec.scenario.training.precision)
+        except PartitaError as exc:
+            skipped.append(f"{system} skipped: {exc}")
+            continue
         for gpus in spec.counts(sysobj):
             for lay in layouts(spec.dims, spec.scenario.training, system=system, gpus=gpus,
                                gpus_per_node=sysobj.gpus_per_node, fixed=spec.fixed,
@@ -143,7 +151,7 @@ def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int]:
                 groups.setdefault(key, []).append(lay)
     out = [sorted(g, key=lambda lay: (lay.zero, RECOMPUTE_ORDER.index(lay.recompute)))
            for g in groups.values()]
-    return out, pruned
+    return out, pruned, skipped
 
 
 def _estimate(spec: PlanSpec, catalog, lay: Layout) -> float:

@@ -77,6 +77,16 @@ def test_plan_api_contract_and_ranking():
         r.candidates[0].gpus = 1                                      # frozen
 
 
+def test_a_system_that_cannot_run_the_precision_is_skipped_with_its_reason():
+    r = plan(small(cluster__system=None, cluster__gpus=None), catalog=CATALOG,
+             evaluate=fake_evaluate, systems=["p3dn.24xlarge", "p4d.24xlarge"], max_gpus=8)
+    assert any("p3dn.24xlarge skipped: precision 'bf16' is not supported" in n for n in r.notes)
+    assert set(r.table().system) == {"p4d.24xlarge"}
+    with pytest.raises(PartitaError, match="p3dn.24xlarge skipped"):
+        plan(small(cluster__system=None, cluster__gpus=None), catalog=CATALOG,
+             evaluate=fake_evaluate, systems=["p3dn.24xlarge"], max_gpus=8)
+
+
 def test_fixed_fields_stay_fixed():
     r = plan(small(parallel__tensor=2, training__micro_batch=2), catalog=CATALOG,
              evaluate=fake_evaluate)
