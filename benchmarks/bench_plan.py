@@ -156,8 +156,8 @@ def bench_search() -> None:
                      "vocab": 51200},
            "training": {"global_batch": 512, "precision": "bf16"},
            "cluster": {}}
-    systems = ["p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "dgx-a100-80gb", "dgx-h100",
-               "g5.48xlarge", "p3dn.24xlarge"]
+    systems = ["p4d.24xlarge", "p4de.24xlarge", "p5.48xlarge", "p5e.48xlarge", "dgx-a100-40gb",
+               "dgx-a100-80gb", "dgx-h100", "hgx-h200", "g5.48xlarge", "p3dn.24xlarge"]
     t0 = time.perf_counter()
     result = plan(doc, catalog=CATALOG, systems=systems, max_gpus=512, tokens=3e11,
                   top_layouts=12, progress=lambda msg: print(f"     {msg}", flush=True))
@@ -169,6 +169,8 @@ def bench_search() -> None:
           f"{secs:.1f} s, {result.evaluated / secs:.0f} simulations/s; pareto front: "
           + ", ".join(f"{r.system} x{r.gpus} {r.step_time_s:.2f}s ${r.usd:,.0f}"
                       for r in df[df.pareto].itertuples()))
+    for note in result.notes:
+        print(f"     note: {note}")
 
 
 PARTS = {"ilp": bench_ilp, "t5": bench_t5, "gpt3": bench_gpt3, "published": bench_published,

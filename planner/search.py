@@ -134,7 +134,14 @@ def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str
         except PartitaError as exc:
             skipped.append(f"{system} skipped: {exc}")
             continue
+        unusable: dict[str, list[int]] = {}
         for gpus in spec.counts(sysobj):
+            try:
+                catalog.resolve_cluster(replace(spec.scenario.cluster, system=system, gpus=gpus,
+                                                nodes=None))
+            except PartitaError as exc:          # e.g. a link bandwidth the catalog lacks
+                unusable.setdefault(str(exc), []).append(gpus)
+                continue
             for lay in layouts(spec.dims, spec.scenario.training, system=system, gpus=gpus,
                                gpus_per_node=sysobj.gpus_per_node, fixed=spec.fixed,
                                micro_batches=spec.micro_batches(), recomputes=spec.recomputes(),
@@ -149,6 +156,8 @@ def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str
                 key = (lay.system, lay.gpus, lay.tensor, lay.pipeline, lay.context, lay.data,
                        lay.micro_batch)
                 groups.setdefault(key, []).append(lay)
+        for reason, counts in unusable.items():
+            skipped.append(f"{system} on {', '.join(map(str, counts))} GPUs skipped: {reason}")
     out = [sorted(g, key=lambda lay: (lay.zero, RECOMPUTE_ORDER.index(lay.recompute)))
            for g in groups.values()]
     return out, pruned, skipped

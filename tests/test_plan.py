@@ -87,6 +87,15 @@ def test_a_system_that_cannot_run_the_precision_is_skipped_with_its_reason():
              evaluate=fake_evaluate, systems=["p3dn.24xlarge"], max_gpus=8)
 
 
+def test_a_system_the_catalog_cannot_link_is_skipped_with_its_reason():
+    r = plan(small(cluster__system=None, cluster__gpus=None), catalog=CATALOG,
+             evaluate=fake_evaluate, systems=["g5.48xlarge", "p4d.24xlarge"], max_gpus=16)
+    note = [n for n in r.notes if n.startswith("g5.48xlarge on 2, 4, 8, 16 GPUs skipped")]
+    assert note and "intra_node_gbps" in note[0]
+    assert set(r.table().system) == {"p4d.24xlarge"} or set(r.table()[r.table().system ==
+                                                             "g5.48xlarge"].gpus) == {1}
+
+
 def test_fixed_fields_stay_fixed():
     r = plan(small(parallel__tensor=2, training__micro_batch=2), catalog=CATALOG,
              evaluate=fake_evaluate)
