@@ -141,7 +141,10 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None) -> 
     if systems:
         systems = tuple(systems)
         for name in systems:
-            catalog.system(name)                          # unknown -> error with suggestions
+            try:
+                catalog.system(name)
+            except PartitaError as exc:                   # unknown, with suggestions
+                raise PartitaError(f"--systems: {exc}") from None
         if "system" in cluster and cluster["system"] not in systems:
             raise PartitaError(f"{where}cluster.system ({cluster['system']}) is fixed by the "
                                f"scenario but --systems is {', '.join(systems)}; drop one of them "

@@ -96,6 +96,14 @@ def test_a_system_the_catalog_cannot_link_is_skipped_with_its_reason():
                                                              "g5.48xlarge"].gpus) == {1}
 
 
+def test_progress_is_reported_and_unknown_systems_name_the_option():
+    said = []
+    plan(small(), catalog=CATALOG, evaluate=fake_evaluate, progress=said.append)
+    assert any(m.startswith("layouts:") for m in said) and said[-1].startswith("split:")
+    with pytest.raises(PartitaError, match="--systems: unknown system 'p4d.24xlarg'.*did you mean"):
+        plan(small(cluster__system=None), catalog=CATALOG, systems=["p4d.24xlarg"])
+
+
 def test_fixed_fields_stay_fixed():
     r = plan(small(parallel__tensor=2, training__micro_batch=2), catalog=CATALOG,
              evaluate=fake_evaluate)
@@ -159,7 +167,7 @@ def test_cli_round_trip_with_the_simulator(tmp_path, capsys):
     out = tmp_path / "planned.yaml"
     assert main(["plan", src, "-o", str(out), "--top", "3"]) == 0
     text = capsys.readouterr()
-    assert "partita plan:" in text.out and "plan: layouts" in text.err
+    assert "partita plan:" in text.out and "error" not in text.err
     planned = yaml.safe_load(out.read_text())
     assert planned["parallel"]["stages"][0][0] == 0
     # simulate takes the written file unchanged, and predicts what plan ranked first

@@ -10,10 +10,13 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 from partita.commands import add_catalog_option, catalog_from_args
 from partita.planner.errors import PartitaError
+
+PROGRESS_AFTER_S = 2.0      # a search shorter than this prints no progress lines
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,8 +70,11 @@ def run(args: argparse.Namespace) -> int:
     systems = [s.strip() for s in args.systems.split(",") if s.strip()] if args.systems else None
     catalog = catalog_from_args(args)
 
-    def progress(msg: str) -> None:
-        print(f"plan: {msg}", file=sys.stderr, flush=True)
+    started = time.perf_counter()
+
+    def progress(msg: str) -> None:          # only on searches that take a while
+        if time.perf_counter() - started > PROGRESS_AFTER_S:
+            print(f"plan: {msg}", file=sys.stderr, flush=True)
 
     result = plan(args.file, catalog=catalog, systems=systems, max_gpus=args.max_gpus,
                   nodes=args.nodes, objective=args.objective, tokens=args.tokens,
