@@ -4,20 +4,17 @@ A scenario may carry the `parameters` of SageMaker's model-parallel library (smd
 .modelparallel, the `smp_options` of an estimator's `distribution`) as a top-level `sagemaker:`
 section. `translate(doc)` moves them into `parallel` / `training` before the document is checked:
 
-| SageMaker parameter                 | partita                                                        |
-|-------------------------------------|----------------------------------------------------------------|
-| partitions / pipeline_parallel_degree | parallel.pipeline                                            |
-| tensor_parallel_degree              | parallel.tensor                                                |
-| microbatches                        | micro-batches per step per replica: training.micro_batch =     |
-|                                     | global_batch / (microbatches * parallel.data); `partita plan`  |
-|                                     | keeps the count fixed while it searches data                   |
-| pipeline: simple                    | parallel.schedule gpipe (all forwards, then all backwards)     |
-| pipeline: interleaved               | parallel.schedule 1f1b (SMP's "interleaved" alternates forward |
-|                                     | and backward micro-batches; it is not Megatron's interleaving) |
-| optimize: speed / memory            | the ILP partitioner's objective (`partita plan`)               |
-| placement_strategy: cluster         | partita's placement (tensor ranks innermost on one node, then  |
-|                                     | context, data, pipeline); other strategies are not modelled    |
-| ddp: true / false                   | data parallelism allowed / parallel.data must be 1             |
+- `partitions` / `pipeline_parallel_degree` -> `parallel.pipeline`
+- `tensor_parallel_degree` -> `parallel.tensor`
+- `microbatches` (per step per replica) -> `training.micro_batch` = global_batch / (microbatches *
+  parallel.data); `partita plan` keeps the count fixed while it searches the data degree
+- `pipeline: simple` -> `parallel.schedule: gpipe` (all forwards, then all backwards)
+- `pipeline: interleaved` -> `parallel.schedule: 1f1b` (SMP's "interleaved" alternates forward and
+  backward micro-batches; it is not Megatron's interleaving with virtual stages)
+- `optimize: speed | memory` -> the ILP partitioner's objective (`partita plan`)
+- `placement_strategy: cluster` -> partita's placement (tensor ranks innermost on one node, then
+  context, data, pipeline); other strategies are not modelled and are an error
+- `ddp: true | false` -> data parallelism allowed | `parallel.data` must be 1
 
 A SageMaker value and a partita value for the same thing that disagree are an error naming both.
 Source: "Configuration parameters of the SageMaker model parallelism library" (AWS SageMaker
