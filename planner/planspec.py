@@ -21,6 +21,7 @@ from partita.planner.sagemaker import translate
 from partita.planner.scenario import (PARALLEL_KEYS, Scenario, find_scenario_file, parse_scenario)
 
 VIRTUAL_CHOICES = (2, 3, 4, 6, 8)
+EXECUTED_PRECISIONS = ("fp32", "tf32", "bf16")      # executor/plan.py: what `partita run` executes
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +37,7 @@ class PlanSpec:
     fixed_micro_batch: bool = False
     fixed_recompute: bool = False
     microbatches: int | None = None    # SageMaker `microbatches`: per step per replica
+    executable: bool = False           # only plans `partita run` executes
     optimize: str = "speed"
 
     @property
@@ -67,6 +69,10 @@ class PlanSpec:
         return (self.fixed["zero"],) if "zero" in self.fixed else ZERO_ORDER
 
     def admits(self, lay: Layout) -> bool:
+        if self.executable:
+            m = self.scenario.training.global_batch // (lay.micro_batch * lay.data)
+            if self.dims.kv_heads % lay.tensor or m < lay.pipeline:
+                return False                 # the executor shards k/v heads; 1F1B needs m >= p
         if self.microbatches is None:
             return True
         return self.scenario.training.global_batch == self.microbatches * lay.micro_batch * lay.data
@@ -123,7 +129,11 @@ def _document(scenario) -> tuple[dict[str, Any], str]:
     return load_document(path), str(path)
 
 
-def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None) -> PlanSpec:
+def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
+              executable: bool = False) -> PlanSpec:
+    """`executable`: only plans `partita run` executes (no context or sequence parallelism,
+    tensor dividing the k/v heads, bf16/fp32/tf32); a fixed field that contradicts it is an
+    error naming the key."""
     doc, origin = _document(scenario)
     doc, kept = translate(doc, origin, searching=True)
     if not isinstance(doc, dict):
@@ -194,6 +204,15 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None) -> 
     fixed = {k: getattr(base.parallel, k) for k in raw_par} if raw_par else {}
     if kept.get("ddp") is False:
         fixed["data"] = 1
+    if executable:
+        for key, value in (("context", 1), ("sequence_parallel", False)):
+            if fixed.get(key, value) != value:
+                raise PartitaError(f"{where}parallel.{key} ({fixed[key]}) contradicts --executable: "
+                                   f"partita run executes only {key} {value}")
+            fixed[key] = value
+        if base.training.precision not in EXECUTED_PRECISIONS:
+            raise PartitaError(f"{where}training.precision {base.training.precision} contradicts "
+                               f"--executable: partita run executes {', '.join(EXECUTED_PRECISIONS)}")
     chunks = fixed.get("pipeline", 1) * fixed.get("virtual_stages", 1)
     if chunks > dims.total_layers:
         raise PartitaError(f"{where}parallel.pipeline*virtual_stages ({chunks}) exceeds the model's "
@@ -214,4 +233,4 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None) -> 
                     fixed_micro_batch="micro_batch" in raw_train,
                     fixed_recompute="recompute" in raw_train,
                     microbatches=kept.get("microbatches"),
-                    optimize=kept.get("optimize", "speed"))
+                    optimize=kept.get("optimize", "speed"), executable=executable)

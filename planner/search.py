@@ -45,19 +45,22 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
          max_days: float | None = None, progress: Callable[[str], None] | None = None,
          top_layouts: int = 6, time_budget_s: float | None = None,
          max_evaluations: int | None = None, refine: int = 3,
-         headroom: float = 0.0, optimize: str | None = None) -> PlanResult:
+         headroom: float = 0.0, optimize: str | None = None,
+         executable: bool = False) -> PlanResult:
     """Search what `scenario` (a path, a document or a `Scenario`) leaves open; see the module
     docstring. `time_budget_s` / `max_evaluations` bound the layout phase (most promising first).
     `headroom`: the fraction of each GPU's memory a plan must leave free beyond the simulator's
     own reserve (CUDA context, NCCL buffers, allocator fragmentation), e.g. 0.05.
     `optimize`: the ILP split's objective, speed (default) or memory (SageMaker's `optimize`;
-    a scenario's `sagemaker.optimize` sets it too)."""
+    a scenario's `sagemaker.optimize` sets it too). `executable`: only plans `partita run`
+    executes (no context or sequence parallelism, tensor dividing the k/v heads)."""
     started = time.perf_counter()
     if objective not in OBJECTIVES:
         raise PartitaError(f"--objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if not 0.0 <= headroom < 1.0:
         raise PartitaError(f"--headroom: expected a fraction in [0, 1), got {headroom!r}")
-    spec = read_spec(scenario, catalog=catalog, systems=systems, max_gpus=max_gpus, nodes=nodes)
+    spec = read_spec(scenario, catalog=catalog, systems=systems, max_gpus=max_gpus, nodes=nodes,
+                     executable=executable)
     if optimize is not None:
         if optimize not in ("speed", "memory"):
             raise PartitaError(f"--optimize: expected speed or memory, got {optimize!r}")

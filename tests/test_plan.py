@@ -179,6 +179,19 @@ def test_cli_round_trip_with_the_simulator(tmp_path, capsys):
     assert len(got["candidates"]) == 2 and got["best"] == planned
 
 
+def test_executable_plans_are_what_partita_run_executes(tmp_path, capsys):
+    from partita.executor.plan import execution_plan
+    src = write(tmp_path, small(parallel__tensor=2, training__micro_batch=2))
+    out = tmp_path / "run.yaml"
+    assert main(["plan", src, "--executable", "-o", str(out)]) == 0
+    planned = load_scenario(str(out))
+    assert not planned.parallel.sequence_parallel and planned.parallel.context == 1
+    assert execution_plan(planned, 16).chunks[0][0] == 0            # the executor accepts it
+    assert main(["plan", write(tmp_path, small(parallel__sequence_parallel=True), "sp.yaml"),
+                 "--executable"]) == 1
+    assert "parallel.sequence_parallel (True) contradicts --executable" in capsys.readouterr().err
+
+
 def test_cli_never_writes_over_its_input(tmp_path, capsys):
     src = write(tmp_path, small())
     before = (tmp_path / "s.yaml").read_text()

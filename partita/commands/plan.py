@@ -43,6 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--optimize", choices=("speed", "memory"), default=None,
                    help="the ILP layer split: fastest slowest stage (default) or least memory on "
                         "the fullest GPU (SageMaker's optimize)")
+    p.add_argument("--executable", action="store_true",
+                   help="only plans `partita run` executes (no context or sequence parallelism)")
     p.add_argument("--top", type=int, default=10, metavar="K", help="rows to print (default 10)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="stop timing layouts after about S seconds (most promising first)")
@@ -80,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
                   nodes=args.nodes, objective=args.objective, tokens=args.tokens,
                   max_cost=args.max_cost, max_days=args.max_days, progress=progress,
                   time_budget_s=args.time_budget, headroom=args.headroom,
-                  optimize=args.optimize)
+                  optimize=args.optimize, executable=args.executable)
     if out is not None:
         _write(out, result.best)
     if args.json:
