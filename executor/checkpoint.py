@@ -79,7 +79,8 @@ def _plan_facts(scenario) -> dict[str, Any]:
     p, t = scenario.parallel, scenario.training
     if p is None:
         raise PartitaError(f"{scenario.origin or 'scenario'}: no parallel section to checkpoint; "
-                           "run `partita plan` to choose one")
+                           f"run `partita plan {scenario.origin or 'FILE'} -o planned.yaml` "
+                           "to choose one")
     dims = scenario.model.resolve()
     model = {k: v for k, v in dims.to_dict().items() if k != "name"} if dims is not None \
         else scenario.model.to_dict()

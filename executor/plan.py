@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from partita.planner.errors import PartitaError
 from partita.planner.scenario import Scenario, check_plan, check_stages
-from partita.planner.stages import chunk_ranges
+from partita.planner.stages import chunk_ranges, with_default_stages
 
 # torch.distributed.pipelining schedule class for each scenario schedule name.
 TORCH_SCHEDULES = {
@@ -145,12 +145,13 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
     p, t = scenario.parallel, scenario.training
     if p is None:
         raise PartitaError(f"{where}no parallel section to execute; run `partita plan "
-                           f"{scenario.origin or 'FILE'}` to choose one")
+                           f"{scenario.origin or 'FILE'} -o planned.yaml` to choose one")
     dims = scenario.model.resolve()
     if dims is None:
         return _module_plan(scenario, gpus, where)
     check_plan(scenario, gpus, dims)
     _check_executable(scenario, dims, where)
+    p = with_default_stages(p, dims)          # uneven layer counts: the simulator's balanced split
     chunks = tuple(tuple(c) for c in chunk_ranges(dims.total_layers, p))   # the simulator's split
     return ExecPlan(
         name=scenario.name, arch=dims.arch, world=gpus, tensor=p.tensor, pipeline=p.pipeline,

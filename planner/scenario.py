@@ -113,8 +113,8 @@ class Scenario:
     def microbatches(self) -> int:
         """Micro-batches per optimizer step per pipeline replica (gradient accumulation implied)."""
         if self.parallel is None:
-            raise PartitaError(f"{self.origin or 'scenario'}: no parallel section; "
-                               "run `partita plan` to choose one")
+            raise PartitaError(f"{self.origin or 'scenario'}: no parallel section; run "
+                               f"`partita plan {self.origin or 'FILE'} -o planned.yaml` to choose one")
         return self.training.global_batch // (self.training.micro_batch * self.parallel.data)
 
     def with_parallel(self, parallel: ParallelSpec) -> "Scenario":
@@ -175,6 +175,8 @@ def load_scenario(path: str | Path) -> Scenario:
 
 
 def parse_scenario(doc: dict[str, Any], origin: str = "") -> Scenario:
+    from partita.planner.sagemaker import translate      # SageMaker's parameter names
+    doc, _ = translate(doc, origin)
     top = Checker(doc, "", origin)
     top.only(TOP_KEYS)
     name = top.str("name", "") or ""
@@ -366,9 +368,8 @@ def _check_dims(d: TransformerDims, p: ParallelSpec, fail) -> None:
                    "layer (use a smaller parallel.pipeline)")
     if p.stages is not None:
         check_stages(p.stages, chunks, d.total_layers, fail)
-    elif d.total_layers % chunks and p.pipeline > 1:
-        raise fail(f"model has {d.total_layers} layers, not divisible by pipeline*virtual_stages "
-                   f"({p.pipeline}*{p.virtual_stages} = {chunks}); give parallel.stages explicitly")
+    # uneven counts are fine: without parallel.stages, planner.stages.with_default_stages splits
+    # them by the planner's balanced split
     if d.heads % p.tensor:
         raise fail(f"model.heads ({d.heads}) must be divisible by parallel.tensor ({p.tensor})")
     if d.kv_heads % p.tensor and p.tensor % d.kv_heads:

@@ -13,6 +13,7 @@ from partita.planner.hardware import System
 from partita.planner.modelspec import TransformerDims
 from partita.planner.profile import ModelProfile
 from partita.planner.scenario import ParallelSpec, Scenario, TrainingSpec, check_plan
+from partita.planner.stages import with_default_stages
 from partita.simulator.placement import Placement
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class StepContext:
 def resolve(scenario: Scenario, catalog) -> StepContext:
     where = f"{scenario.origin}: " if scenario.origin else ""
     if scenario.parallel is None:
-        raise PartitaError(f"{where}no parallel section; run `partita plan` to choose one, "
+        raise PartitaError(f"{where}no parallel section; run `partita plan "
+                           f"{scenario.origin or 'FILE'} -o planned.yaml` to choose one, "
                            "or add parallel: {tensor, pipeline, data, ...}")
     hw = catalog.resolve_cluster(scenario.cluster, origin=scenario.origin)
     system, gpus = hw.system, hw.gpus
@@ -57,7 +59,9 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
         from partita.simulator import profiled
         profile = profiled.load_profile(scenario)
         profiled.check(scenario, profile)
-    p = scenario.parallel
+    p = with_default_stages(scenario.parallel, dims)     # uneven layer counts: balanced split
+    if p is not scenario.parallel:
+        scenario = scenario.with_parallel(p)
     placement = Placement(p.tensor, p.context, p.data, p.pipeline,
                           min(system.gpus_per_node, gpus))
     return StepContext(scenario=scenario, system=system, gpus=gpus, dims=dims, parallel=p,

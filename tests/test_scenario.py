@@ -78,7 +78,7 @@ def test_round_trip_to_dict():
     ({"training__global_batch": 10}, "global_batch (10) must be divisible by micro_batch*data"),
     ({"parallel__tensor": 8, "parallel__data": 1, "parallel__pipeline": 1, "model__heads": 4,
       "model__hidden": 256}, "model.heads (4) must be divisible by parallel.tensor (8)"),
-    ({"parallel__pipeline": 2, "model__layers": 7}, "not divisible by pipeline*virtual_stages"),
+    ({"parallel__pipeline": 2, "model__layers": 1}, "= 2) exceeds the model's 1 layers"),
     ({"parallel__stages": [[0, 3], [4, 8]]}, "parallel.stages[1] starts at layer 4, expected 3"),
     ({"parallel__stages": [[0, 8]]}, "parallel.stages has 1 ranges, expected pipeline*virtual_stages = 2"),
     ({"parallel__virtual_stages": 2}, "only for schedule interleaved-1f1b"),

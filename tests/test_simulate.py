@@ -124,7 +124,7 @@ def test_recompute_trades_time_for_memory():
 
 @pytest.mark.parametrize("change, message", [
     ({"cluster": {"system": "p4d.24xlarg", "gpus": 16}}, "did you mean 'p4d.24xlarge'"),
-    ({"parallel": None}, "no parallel section; run `partita plan`"),
+    ({"parallel": None}, "no parallel section; run `partita plan "),
     ({"cluster": {"system": "p3.16xlarge", "gpus": 16}}, "precision 'bf16' is not supported by v100-16gb"),
     ({"cluster": {"system": "p4d.24xlarge", "gpus": 12}}, "must fill whole p4d.24xlarge nodes"),
 ])

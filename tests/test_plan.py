@@ -1,0 +1,287 @@
+"""`partita plan` and `planner.search.plan`: the search, its table, the written scenario, bad input."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from partita.cli import main
+from partita.planner.catalog import load_catalog
+from partita.planner.errors import PartitaError
+from partita.planner.sagemaker import translate
+from partita.planner.scenario import load_scenario, parse_scenario
+from partita.planner.search import COLUMNS, plan
+
+CATALOG = load_catalog()
+
+
+def small(**over) -> dict:
+    doc = {"name": "small",
+           "model": {"arch": "gpt", "layers": 6, "hidden": 1024, "heads": 16, "seq_len": 1024,
+                     "vocab": 32000},
+           "cluster": {"system": "p4d.24xlarge", "gpus": 16},
+           "training": {"global_batch": 64, "precision": "bf16"}}
+    for key, value in over.items():
+        section, _, name = key.partition("__")
+        if value is None:
+            doc[section].pop(name, None)
+        else:
+            doc.setdefault(section, {})[name] = value
+    return doc
+
+
+def write(tmp_path, doc, name="s.yaml"):
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+def fake_evaluate(s):
+    """Step time from the plan's shape: fewer GPUs idle and less pipeline bubble is faster; a
+    plan with tensor 8 'does not fit' and pipeline 2 x data 2 'fails', to exercise those paths."""
+    p, t = s.parallel, s.training
+    if p.pipeline == 2 and p.data == 2:
+        raise PartitaError("pipeline 2 x data 2 is refused by this test's evaluator")
+    m = t.global_batch // (t.micro_batch * p.data)
+    step = (1.0 + (p.pipeline - 1) / m) * 16 / p.gpus + 0.01 * p.tensor + 0.001 * p.zero
+    cap = 40 * 2**30
+    peak = cap * (2 if p.tensor == 8 else 0.5)
+    return SimpleNamespace(step_time_s=step, tokens_per_s=1e6 / step, mfu=0.4 / step,
+                           bubble_fraction=(p.pipeline - 1) / (m + p.pipeline - 1),
+                           peak_memory_bytes=peak, memory_capacity_bytes=cap,
+                           fits_in_memory=peak <= cap)
+
+
+def test_plan_api_contract_and_ranking():
+    r = plan(small(cluster__gpus=None), catalog=CATALOG, evaluate=fake_evaluate, max_gpus=16,
+             systems=["p4d.24xlarge", "p4de.24xlarge"], tokens=1e9)
+    df = r.table()
+    assert set(COLUMNS) <= set(df.columns)
+    assert list(df.columns[:3]) == ["system", "nodes", "gpus"]
+    ok = df[df.error.isna() & df.fits & df.within_budget]
+    assert list(ok.step_time_s) == sorted(ok.step_time_s)            # ranked by the objective
+    assert df.step_time_s.iloc[0] == ok.step_time_s.min()
+    failed = df[df.error.notna()]
+    assert len(failed) and (failed.pipeline == 2).all() and (failed.data == 2).all()  # listed
+    assert (~df.fits).any() and not df[~df.fits & df.error.isna()].tensor.ne(8).any()
+    assert df.pareto.any() and set(df[df.pareto].system) <= {"p4d.24xlarge", "p4de.24xlarge"}
+    best = r.candidates[0]
+    assert best.days == pytest.approx(1e9 / (64 * 1024) * best.step_time_s / 86400)
+    assert best.usd == pytest.approx(best.usd_per_hour * best.days * 24)
+    # the best document is a complete scenario the parser accepts, stages included
+    s = parse_scenario(r.best, origin="best")
+    assert s.parallel.stages is not None and s.parallel.gpus == s.cluster.gpus
+    with pytest.raises(Exception):
+        r.candidates[0].gpus = 1                                      # frozen
+
+
+def test_a_system_that_cannot_run_the_precision_is_skipped_with_its_reason():
+    r = plan(small(cluster__system=None, cluster__gpus=None), catalog=CATALOG,
+             evaluate=fake_evaluate, systems=["p3dn.24xlarge", "p4d.24xlarge"], max_gpus=8)
+    assert any("p3dn.24xlarge skipped: precision 'bf16' is not supported" in n for n in r.notes)
+    assert set(r.table().system) == {"p4d.24xlarge"}
+    with pytest.raises(PartitaError, match="p3dn.24xlarge skipped"):
+        plan(small(cluster__system=None, cluster__gpus=None), catalog=CATALOG,
+             evaluate=fake_evaluate, systems=["p3dn.24xlarge"], max_gpus=8)
+
+
+def test_a_system_the_catalog_cannot_link_is_skipped_with_its_reason():
+    r = plan(small(cluster__system=None, cluster__gpus=None), catalog=CATALOG,
+             evaluate=fake_evaluate, systems=["g5.48xlarge", "p4d.24xlarge"], max_gpus=16)
+    note = [n for n in r.notes if n.startswith("g5.48xlarge on 2, 4, 8, 16 GPUs skipped")]
+    assert note and "intra_node_gbps" in note[0]
+    assert set(r.table().system) == {"p4d.24xlarge"} or set(r.table()[r.table().system ==
+                                                             "g5.48xlarge"].gpus) == {1}
+
+
+def test_progress_is_reported_and_unknown_systems_name_the_option():
+    said = []
+    plan(small(), catalog=CATALOG, evaluate=fake_evaluate, progress=said.append)
+    assert any(m.startswith("layouts:") for m in said) and said[-1].startswith("split:")
+    with pytest.raises(PartitaError, match="--systems: unknown system 'p4d.24xlarg'.*did you mean"):
+        plan(small(cluster__system=None), catalog=CATALOG, systems=["p4d.24xlarg"])
+
+
+def test_fixed_fields_stay_fixed():
+    r = plan(small(parallel__tensor=2, training__micro_batch=2), catalog=CATALOG,
+             evaluate=fake_evaluate)
+    df = r.table()
+    assert set(df.tensor) == {2} and set(df.micro_batch) == {2} and set(df.gpus) == {16}
+
+
+def test_given_stages_and_virtual_stages_are_kept():
+    doc = small(parallel__pipeline=2, parallel__schedule="interleaved-1f1b",
+                parallel__virtual_stages=2, parallel__stages=[[0, 1], [1, 3], [3, 5], [5, 6]],
+                training__micro_batch=2)
+    r = plan(doc, catalog=CATALOG, evaluate=fake_evaluate)
+    assert r.best["parallel"]["stages"] == [[0, 1], [1, 3], [3, 5], [5, 6]]
+    assert {(c.schedule, c.virtual_stages) for c in r.candidates} == {("interleaved-1f1b", 2)}
+
+
+def test_objectives_cost_and_memory():
+    cost = plan(small(cluster__gpus=None), catalog=CATALOG, evaluate=fake_evaluate, max_gpus=16,
+                objective="cost")
+    c = cost.candidates[0]
+    per_step = c.usd_per_hour * c.step_time_s
+    assert all(per_step <= x.usd_per_hour * x.step_time_s + 1e-12
+               for x in cost.candidates if x.ok)
+    mem = plan(small(), catalog=CATALOG, evaluate=fake_evaluate, objective="memory")
+    assert mem.candidates[0].peak_memory_gib == min(x.peak_memory_gib for x in mem.candidates if x.ok)
+
+
+def test_headroom_turns_tight_plans_away():
+    loose = plan(small(), catalog=CATALOG, evaluate=fake_evaluate)
+    assert loose.candidates[0].fits                   # fake peak: half the capacity
+    with pytest.raises(PartitaError, match="no plan fits in memory"):
+        plan(small(), catalog=CATALOG, evaluate=fake_evaluate, headroom=0.6)
+
+
+def test_budget_no_plan_meets_is_one_error():
+    with pytest.raises(PartitaError, match="no plan meets --max-cost 0.01 USD"):
+        plan(small(), catalog=CATALOG, evaluate=fake_evaluate, tokens=1e12, max_cost=0.01)
+    r = plan(small(), catalog=CATALOG, evaluate=fake_evaluate, tokens=1e9, max_days=1e6)
+    assert all(c.within_budget for c in r.candidates if c.error is None)
+
+
+@pytest.mark.parametrize("doc, kwargs, message", [
+    (small(parallel__pipeline=7), {}, "parallel.pipeline\\*virtual_stages \\(7\\) exceeds the "
+                                      "model's 6 layers"),
+    (small(parallel__data=5), {}, "parallel.data \\(5\\) does not divide training.global_batch"),
+    (small(cluster__system="p4d.24xlarg"), {}, "unknown system 'p4d.24xlarg'"),
+    (small(), {"systems": ["p5.48xlarge"]}, "cluster.system \\(p4d.24xlarge\\) is fixed"),
+    (small(), {"max_gpus": 8}, "cluster.gpus \\(16\\) exceeds --max-gpus 8"),
+    (small(cluster__gpus=None), {}, "cluster.gpus: missing"),
+    (small(parallel__tensor=2, parallel__pipeline=2, parallel__data=2), {},
+     "tensor\\*pipeline\\*context\\*data = 8 but cluster.gpus is 16"),
+    (small(), {"objective": "fast"}, "--objective: expected one of time, cost, memory"),
+])
+def test_bad_input_names_the_key(doc, kwargs, message):
+    with pytest.raises(PartitaError, match=message):
+        plan(doc, catalog=CATALOG, evaluate=fake_evaluate, **kwargs)
+
+
+def test_cli_round_trip_with_the_simulator(tmp_path, capsys):
+    src = write(tmp_path, small(parallel__tensor=2, training__micro_batch=2))
+    out = tmp_path / "planned.yaml"
+    assert main(["plan", src, "-o", str(out), "--top", "3"]) == 0
+    text = capsys.readouterr()
+    assert "partita plan:" in text.out and "error" not in text.err
+    planned = yaml.safe_load(out.read_text())
+    assert planned["parallel"]["stages"][0][0] == 0
+    # simulate takes the written file unchanged, and predicts what plan ranked first
+    assert main(["simulate", str(out), "--json"]) == 0
+    sim = json.loads(capsys.readouterr().out)
+    assert main(["plan", src, "--json", "--top", "2"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["candidates"][0]["step_time_s"] == pytest.approx(sim["step_time_s"])
+    assert len(got["candidates"]) == 2 and got["best"] == planned
+
+
+def test_executable_plans_are_what_partita_run_executes(tmp_path, capsys):
+    from partita.executor.plan import execution_plan
+    src = write(tmp_path, small(parallel__tensor=2, training__micro_batch=2))
+    out = tmp_path / "run.yaml"
+    assert main(["plan", src, "--executable", "-o", str(out)]) == 0
+    planned = load_scenario(str(out))
+    assert not planned.parallel.sequence_parallel and planned.parallel.context == 1
+    assert execution_plan(planned, 16).chunks[0][0] == 0            # the executor accepts it
+    assert main(["plan", write(tmp_path, small(parallel__sequence_parallel=True), "sp.yaml"),
+                 "--executable"]) == 1
+    assert "parallel.sequence_parallel (True) contradicts --executable" in capsys.readouterr().err
+
+
+def test_cli_never_writes_over_its_input(tmp_path, capsys):
+    src = write(tmp_path, small())
+    before = (tmp_path / "s.yaml").read_text()
+    assert main(["plan", src, "-o", src]) == 1
+    assert "that is the input file" in capsys.readouterr().err
+    assert (tmp_path / "s.yaml").read_text() == before
+
+
+def test_cli_bad_input_is_one_error_line(tmp_path, capsys):
+    src = write(tmp_path, small(training__global_batch=7, training__micro_batch=2))
+    assert main(["plan", src]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "global_batch (7)" in err[0]
+    assert main(["plan", src, "--max-cost", "5"]) == 1
+    assert "need --tokens" in capsys.readouterr().err
+
+
+def test_sagemaker_parameters_map_to_partita_names():
+    doc = small()
+    doc["sagemaker"] = {"partitions": 2, "tensor_parallel_degree": 2, "pipeline": "simple",
+                        "microbatches": 4, "optimize": "memory", "placement_strategy": "cluster",
+                        "ddp": True}
+    doc["parallel"] = {"data": 4}
+    out, kept = translate(doc)
+    assert out["parallel"] == {"data": 4, "pipeline": 2, "tensor": 2, "schedule": "gpipe"}
+    assert out["training"]["micro_batch"] == 64 // (4 * 4)
+    assert kept == {"optimize": "memory", "ddp": True, "microbatches": 4}
+    s = parse_scenario(doc)
+    assert (s.parallel.pipeline, s.parallel.tensor, s.microbatches()) == (2, 2, 4)
+    bad = small(parallel__pipeline=4)
+    bad["sagemaker"] = {"partitions": 2}
+    with pytest.raises(PartitaError, match="sagemaker.partitions \\(2\\) contradicts parallel.pipeline"):
+        translate(bad)
+    with pytest.raises(PartitaError, match="microbatches \\(4\\) needs parallel.data"):
+        translate({**small(), "sagemaker": {"microbatches": 4}})
+    with pytest.raises(PartitaError, match="sagemaker.placement_strategy"):
+        translate({**small(), "sagemaker": {"placement_strategy": "spread"}})
+
+
+def test_sagemaker_microbatches_constrain_the_search():
+    doc = small(cluster__gpus=None)
+    doc["sagemaker"] = {"microbatches": 8, "ddp": False}
+    r = plan(doc, catalog=CATALOG, evaluate=fake_evaluate, max_gpus=8)
+    for c in r.candidates:
+        assert c.data == 1 and 64 // (c.micro_batch * c.data) == 8
+
+
+def test_uneven_layer_counts_simulate_and_match_the_written_split(tmp_path, capsys):
+    doc = small(parallel__tensor=1, parallel__pipeline=4, parallel__data=4,
+                training__micro_batch=1)
+    doc["model"]["layers"] = 7
+    path = write(tmp_path, doc)
+    assert main(["simulate", path, "--json"]) == 0               # used to refuse 7 on 4 stages
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
+    from partita.executor.plan import execution_plan
+    chunks = execution_plan(load_scenario(path), 16).chunks
+    assert len(chunks) == 4 and chunks[0][0] == 0 and chunks[-1][1] == 7
+
+
+def test_messages_that_point_to_partita_plan_name_a_command_that_completes_the_file(tmp_path,
+                                                                                   capsys):
+    path = write(tmp_path, small(parallel__tensor=2))
+    doc = yaml.safe_load(open(path))
+    doc.pop("parallel")
+    bare = write(tmp_path, doc, "bare.yaml")
+    assert main(["simulate", bare]) == 1
+    err = capsys.readouterr().err
+    assert f"run `partita plan {bare} -o" in err
+    command = err.split("`")[1].split()          # the command the message gives, run as given
+    out = tmp_path / "planned.yaml"
+    command[command.index("-o") + 1] = str(out)
+    assert main(command[1:]) == 0 and main(["simulate", str(out)]) == 0
+
+
+def test_optimize_memory_gives_a_leaner_split():
+    from partita.planner.layergraph import plan_problem
+    from partita.planner.partition import evaluate
+    doc = small(parallel__tensor=1, parallel__pipeline=4, parallel__data=4, parallel__zero=1,
+                training__micro_batch=1, training__recompute="none")
+    doc["model"]["layers"] = 8
+    speed = plan(doc, catalog=CATALOG)
+    memory = plan(doc, catalog=CATALOG, optimize="memory")
+    s = parse_scenario(speed.best)
+    gpu = CATALOG.system("p4d.24xlarge").gpu
+    pr = plan_problem(s.model.resolve(), s.training, s.parallel, memory_bytes=gpu.memory_bytes,
+                      peak_flops=gpu.peak("bf16"), link_bytes_per_s=25e9)
+    t_speed, m_speed = evaluate(pr, [tuple(r) for r in speed.best["parallel"]["stages"]])
+    t_mem, m_mem = evaluate(pr, [tuple(r) for r in memory.best["parallel"]["stages"]])
+    assert memory.best["parallel"]["stages"] != speed.best["parallel"]["stages"]
+    assert max(m_mem) <= max(m_speed) and max(t_speed) <= max(t_mem)
+    assert sorted(m_mem, reverse=True) < sorted(m_speed, reverse=True)     # leaner below the top
+    with pytest.raises(PartitaError, match="--optimize: expected speed or memory"):
+        plan(doc, catalog=CATALOG, optimize="fast")
