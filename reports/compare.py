@@ -12,6 +12,8 @@ Candidates that failed or do not fit are listed with their reason, never dropped
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+
 import pandas as pd
 from matplotlib.ticker import FuncFormatter
 
@@ -178,6 +180,45 @@ def _cost_figure(frame: pd.DataFrame, best: pd.DataFrame) -> bytes:
     return png_bytes(fig)
 
 
+def plan_candidates(file, *, catalog, systems: Sequence[str], objective: str = "time",
+                    tokens: float | None = None, nodes: Sequence[int] | None = None,
+                    gpus: tuple[int, int] | None = None,
+                    progress: Callable[[str], None] | None = None) -> pd.DataFrame:
+    """The planner's candidates for every system at every size, as one table: one search per
+    node count (`nodes`), or one search up to the largest GPU count of `gpus` = (low, high),
+    keeping counts from `low` up. The scenario's model and training settings are kept; its
+    cluster, parallel section and micro-batch are what the comparison searches, so they are
+    released. A size the planner cannot serve becomes a row with its reason."""
+    from partita.planner.scenario import find_scenario_file, load_scenario
+    from partita.planner.search import plan
+    doc = load_scenario(find_scenario_file(file)).to_dict()
+    for key in ("cluster", "parallel"):
+        doc.pop(key, None)
+    doc.get("training", {}).pop("micro_batch", None)
+    searches = ([{"nodes": n} for n in nodes] if nodes is not None
+                else [{"max_gpus": gpus[1]}])
+    frames = []
+    for i, size in enumerate(searches, 1):
+        if progress is not None:
+            progress(f"search {i}/{len(searches)}: "
+                     + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in size.items()))
+        try:
+            result = plan(doc, catalog=catalog, systems=list(systems), objective=objective,
+                          tokens=tokens, **size)
+        except PartitaError as exc:
+            row = dict.fromkeys(CANDIDATE_COLUMNS)
+            row.update(system=",".join(systems), nodes=size.get("nodes"), pareto=False,
+                       fits=False, error=str(exc))
+            frames.append(pd.DataFrame([row]))
+            continue
+        frames.append(result.table())
+    frame = pd.concat(frames, ignore_index=True)
+    if gpus is not None:
+        frame = frame[frame["gpus"].isna() | (frame["gpus"] >= gpus[0])]
+    frame["error"] = frame["error"].fillna("")
+    return frame.reset_index(drop=True)
+
+
 def compare_report(candidates: pd.DataFrame, *, title: str = "Instance comparison",
                    objective: str = "time", tokens: float | None = None,
                    deadline_days: float | None = None) -> Report:
@@ -187,7 +228,7 @@ def compare_report(candidates: pd.DataFrame, *, title: str = "Instance compariso
     text = [f"Best plan per system and size by {objective}; days and dollars{budget}. "
             f"{len(candidates)} candidates, {len(_usable(candidates))} fitting, "
             f"{len(problems)} not usable (listed below)."]
-    front = best[best["pareto"].astype(bool)].sort_values("days")
+    front = best[best["pareto"].astype(bool) & best["days"].notna()].sort_values("days")
     if len(front):
         text.append("On the time-cost Pareto front (no other plan both faster and cheaper): " +
                     "; ".join(f"{r['gpus']} x {r['system']} ({r['days']:.2f} days, "

@@ -2,8 +2,6 @@
 `partita report compare` refusing cleanly while the planner's search is not installed."""
 from __future__ import annotations
 
-import importlib.util
-
 import pandas as pd
 import pytest
 
@@ -67,15 +65,6 @@ def test_a_table_without_the_planner_columns_is_refused():
         best_plans(candidates().drop(columns=["pareto"]))
 
 
-@pytest.mark.skipif(importlib.util.find_spec("partita.planner.search") is not None,
-                    reason="the planner's search is installed: the CLI is wired at merge")
-def test_cli_without_the_planner_search_is_one_error_line(capsys, tmp_path):
-    assert main(["report", "compare", "llama2-70b-h100", "--systems", "p4d.24xlarge",
-                 "-o", str(tmp_path / "c")]) == 1
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("error: ") and "partita.planner.search" in err[0]
-
-
 def test_cli_renders_a_candidates_csv(capsys, tmp_path):
     table = tmp_path / "cands.csv"
     candidates().to_csv(table, index=False)
@@ -94,3 +83,28 @@ def test_cli_refuses_a_table_without_the_columns(capsys, tmp_path):
     assert main(["report", "compare", "--candidates", str(table), "-o", str(tmp_path / "c")]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "usd_spot" in err[0] and str(table) in err[0]
+
+
+def test_compare_plans_each_system_and_size_from_the_command_line(tmp_path):
+    """`report compare FILE --systems` runs the planner per node count; the page's best plans are
+    the planner's own fastest candidates for each (system, nodes)."""
+    out = tmp_path / "cmp"
+    assert main(["report", "compare", "gpt2-xl-p3", "--systems", "p3.16xlarge,p4d.24xlarge",
+                 "--nodes", "1-2", "-o", str(out)]) == 0
+    best = pd.read_csv(out / "compare.csv")
+    every = pd.read_csv(out / "candidates.csv")
+    assert set(best["system"]) == {"p3.16xlarge", "p4d.24xlarge"}
+    assert set(best["nodes"]) == {1, 2}
+    ok = every[every["fits"].astype(bool) & every["error"].isna()]
+    for _, row in best.iterrows():
+        same = ok[(ok["system"] == row["system"]) & (ok["nodes"] == row["nodes"])]
+        assert row["step_time_s"] == pytest.approx(same["step_time_s"].min())
+    assert "per billion" not in (out / "compare.md").read_text()     # the budget is stated
+    assert "1,000,000,000 tokens" in (out / "compare.md").read_text()
+
+
+def test_compare_rejects_both_sizes_and_bad_budgets(tmp_path, capsys):
+    for extra in (["--nodes", "1-2", "--gpus", "8-16"], ["--tokens", "-5"]):
+        assert main(["report", "compare", "gpt2-xl-p3", "--systems", "p3.16xlarge",
+                     *extra, "-o", str(tmp_path / "x")]) == 1
+        assert capsys.readouterr().err.startswith("error: ")

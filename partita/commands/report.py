@@ -18,6 +18,7 @@ from pathlib import Path
 from partita.commands import add_catalog_option, catalog_from_args
 from partita.planner.errors import PartitaError
 
+PER_BILLION = 1e9           # compare's token budget when none is given: cost per billion tokens
 KINDS = ("compare", "scaling", "timeline", "memory", "validate", "run")
 
 
@@ -74,7 +75,8 @@ def _register_compare(kinds) -> None:
     c.add_argument("--systems", help="comma-separated catalog systems")
     c.add_argument("--gpus", help="GPU counts, A-B or a list")
     c.add_argument("--nodes", help="node counts, A-B or a list")
-    c.add_argument("--tokens", type=float, help="token budget for days and dollars")
+    c.add_argument("--tokens", type=float, default=None,
+                   help="token budget for days and dollars (default 1e9: cost per billion tokens)")
     c.add_argument("--objective", default="time", choices=("time", "cost", "memory"))
     c.add_argument("--deadline-days", type=float, help="the deadline the recommendation respects")
     c.set_defaults(func=_compare)
@@ -173,14 +175,27 @@ def _compare(args: argparse.Namespace) -> int:
         return _compare_table(args)
     if not args.file or not args.systems:
         raise PartitaError("report compare needs FILE and --systems a,b,... (or --candidates CSV)")
-    try:
-        from partita.planner import search  # noqa: F401
-    except ImportError:
-        raise PartitaError("report compare needs the planner's search (partita.planner.search), "
-                           "which this installation lacks; the renderer is "
-                           "partita.reports.compare.compare_report(candidates)") from None
-    raise PartitaError("report compare: the planner's search is present but not wired to the "
-                       "report yet; call partita.reports.compare.compare_report(candidates)")
+    from partita.reports.compare import compare_report, plan_candidates
+    from partita.reports.scaling import parse_nodes
+    if args.nodes and args.gpus:
+        raise PartitaError("report compare: give --nodes or --gpus, not both")
+    systems = [s.strip() for s in args.systems.split(",") if s.strip()]
+    tokens = PER_BILLION if args.tokens is None else args.tokens
+    if not tokens > 0 or tokens == float("inf"):
+        raise PartitaError(f"--tokens: expected a positive number, got {args.tokens}")
+    if args.gpus:
+        counts = parse_nodes(args.gpus)
+        sizes = {"gpus": (min(counts), max(counts))}
+    else:
+        sizes = {"nodes": parse_nodes(args.nodes or "1-8")}
+    frame = plan_candidates(args.file, catalog=catalog_from_args(args), systems=systems,
+                            objective=args.objective, tokens=tokens,
+                            progress=lambda msg: print(f"compare: {msg}", file=sys.stderr,
+                                                       flush=True), **sizes)
+    title = f"Instance comparison: {Path(args.file).stem}"
+    report = compare_report(frame, title=title, objective=args.objective, tokens=tokens,
+                            deadline_days=args.deadline_days)
+    return _finish(report, args)
 
 
 def _compare_table(args: argparse.Namespace) -> int:
