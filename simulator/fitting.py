@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 from scipy.optimize import least_squares
@@ -43,13 +44,11 @@ PARAMS: tuple[Param, ...] = (
     Param("sustained_matmul_fraction.v100", 1.0, 0.3, 1.0),
     Param("sustained_matmul_fraction.a100", 1.0, 0.3, 1.0),
     Param("sustained_matmul_fraction.h100", 1.0, 0.3, 1.0),
-    Param("step_overhead_s", 0.0, 0.0, 5.0),
     Param("fp8_matmul_fraction", 1.0, 0.3, 1.0),
     Param("attention_fraction", 1.0, 0.3, 1.0),
     Param("framework_fraction.deepspeed", 1.0, 0.3, 1.0),
     Param("framework_fraction.fsdp", 1.0, 0.3, 1.0),
     Param("zero3_collective_fraction.deepspeed", 1.0, 0.05, 1.0),
-    Param("framework_block_overhead_ms.deepspeed", 0.0, 0.0, 50.0),
 )
 
 
@@ -69,14 +68,12 @@ def overheads_from(values: dict[str, float], base: Overheads | None = None) -> O
     fam["h200"] = fam["h100"]                        # same GH100 chip and clocks
     return replace(
         base, sustained_default=float(np.median([fam[f] for f in FAMILIES])),
-        sustained_by_family=fam, step_overhead_s=values["step_overhead_s"],
+        sustained_by_family=fam,
         fp8_matmul_fraction=values["fp8_matmul_fraction"],
         attention_fraction=values["attention_fraction"],
         framework_fraction={"deepspeed": values["framework_fraction.deepspeed"],
                             "fsdp": values["framework_fraction.fsdp"]},
-        zero3_collective_fraction={"deepspeed": values["zero3_collective_fraction.deepspeed"]},
-        framework_block_overhead_s={
-            "deepspeed": values["framework_block_overhead_ms.deepspeed"] * 1e-3})
+        zero3_collective_fraction={"deepspeed": values["zero3_collective_fraction.deepspeed"]})
 
 
 class Predictor:
@@ -100,8 +97,7 @@ class Predictor:
         fw = t.framework
         return (m.row_id, oh.sustained(self.gpu_name(m)), oh.attention_fraction,
                 oh.fp8_matmul_fraction if t.precision == "fp8" else None, oh.framework(fw),
-                oh.zero3_collectives(fw) if p.zero >= 3 else None, oh.block_overhead(fw),
-                oh.step_overhead_s)
+                oh.zero3_collectives(fw) if p.zero >= 3 else None)
 
     def step_s(self, m: MappedRow, oh: Overheads) -> float | None:
         """Predicted seconds per step, or None where the simulator refuses the scenario."""
@@ -153,3 +149,41 @@ def fit(rows: Sequence[MappedRow], catalog, *, predictor: Predictor | None = Non
     loss = float(np.mean(DELTA ** 2 * (np.sqrt(1.0 + (res.fun / DELTA) ** 2) - 1.0)))
     return FitResult(values=best, overheads=overheads_from(best, base),
                      rows=tuple(m.row_id for m in rows), evaluations=int(res.nfev), loss=loss)
+
+
+def write_fitted(result: FitResult, path=None):
+    """Store a fit in data/calibration/fitted.yaml with the rows, objective and command."""
+    from partita.simulator.overheads import FITTED_FILE
+    path = path if path is not None else FITTED_FILE
+    v = result.values
+    fam = {f: v[f"sustained_matmul_fraction.{f}"] for f in FAMILIES}
+    lines = [
+        "# FITTED numbers only (facts are in training.yaml, host.yaml, compute.yaml, network.yaml).",
+        "# Written by the command below; do not edit by hand. Re-run it when the model changes.",
+        'command: "python benchmarks/fit_overheads.py --write"',
+        f'objective: "{OBJECTIVE}"',
+        f"rows: [{', '.join(result.rows)}]",
+        f"loss: {result.loss:.6f}",
+        "sustained_matmul_fraction:       # in-training matmul throughput / best-shape sweep, per "
+        "GPU family",
+        f"  default: {float(np.median(list(fam.values()))):.3f}   # the median, for families "
+        "without rows",
+        *[f"  {f}: {fam[f]:.3f}" for f in FAMILIES],
+        f"  h200: {fam['h100']:.3f}                   # = h100: the same GH100 chip and clocks",
+        f"fp8_matmul_fraction: {v['fp8_matmul_fraction']:.3f}   # fp8 GEMMs, on top (Transformer "
+        "Engine casts, amax)",
+        f"attention_fraction: {v['attention_fraction']:.3f}    # fused attention in training / "
+        "its kernel benchmark",
+        "framework_fraction:              # kernel throughput relative to Megatron-LM",
+        f"  deepspeed: {v['framework_fraction.deepspeed']:.3f}",
+        f"  fsdp: {v['framework_fraction.fsdp']:.3f}",
+        "zero3_collective_fraction:       # ZeRO-3 gathers/scatters: fraction of modelled bandwidth",
+        f"  deepspeed: {v['zero3_collective_fraction.deepspeed']:.3f}",
+    ]
+    Path(path).write_text("\n".join(lines) + "\n")
+    return path
+
+
+OBJECTIVE = ("mean pseudo-Huber (delta 0.1) of log(predicted / measured) step time over the rows "
+             "below; scipy least_squares (trf, soft_l1, f_scale 0.1) from every fraction 1.0 "
+             "(simulator/fitting.py)")

@@ -28,10 +28,15 @@ from partita.planner.documents import Checker, load_document
 from partita.planner.paths import CALIBRATION_DIR
 
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
+FITTED_FILE = CALIBRATION_DIR / "fitted.yaml"     # written by benchmarks/fit_overheads.py --write
 KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "block_overhead_us",
         "framework_block_overhead_us", "step_overhead_s",
         "attention_fraction", "framework_fraction", "zero3_collective_fraction",
         "overlap_slowdown", "list_collective_host_us", "list_copy_host_us", "source")
+# The numbers fitted to measured step times (simulator.fitting); the others are measured or published.
+FITTED_KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "attention_fraction",
+               "framework_fraction", "zero3_collective_fraction")
+FACT_KEYS = tuple(k for k in KEYS if k not in FITTED_KEYS)
 LIST_COLLECTIVES = ("all_gather", "reduce_scatter")
 FAMILIES = ("default", "v100", "a100", "h100", "h200")
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
@@ -124,10 +129,21 @@ class Overheads:
 
 
 @lru_cache(maxsize=4)
-def _load(path: str, mtime: int) -> Overheads:
-    c = Checker(load_document(path), "", path)
-    c.only(KEYS)
+def _load(path: str, mtime: int, fitted: str | None, fitted_mtime: int) -> Overheads:
+    facts = Checker(load_document(path), "", path)
+    fit = Checker(load_document(fitted), "", fitted) if fitted is not None else None
+    if fit is not None:
+        facts.only(FACT_KEYS)
+        fit.only(FITTED_KEYS + ("rows", "objective", "command", "loss"))
+    else:
+        facts.only(KEYS)
+
+    def at(key: str) -> Checker:
+        """The file that holds `key`: fitted numbers in the fitted file, the rest in training.yaml."""
+        return fit if fit is not None and key in FITTED_KEYS else facts
+
     default, families = 1.0, {}
+    c = at("sustained_matmul_fraction")
     if c.has("sustained_matmul_fraction"):
         sub = c.sub("sustained_matmul_fraction")
         sub.only(FAMILIES)
@@ -139,17 +155,19 @@ def _load(path: str, mtime: int) -> Overheads:
                 default = value
             else:
                 families[key] = value
-    fp8 = c.number("fp8_matmul_fraction", 1.0)
+    fp8 = at("fp8_matmul_fraction").number("fp8_matmul_fraction", 1.0)
     if fp8 > 1.0:
-        raise c.error(f"must be in (0, 1], got {fp8}", "fp8_matmul_fraction")
-    return Overheads(default, families, c.number("block_overhead_us", 0.0, positive=False) * 1e-6,
-                     c.number("step_overhead_s", 0.0, positive=False), fp8,
-                     _fraction(c, "attention_fraction"),
-                     _per_framework(c, "framework_fraction"),
-                     _per_framework(c, "zero3_collective_fraction"),
-                     _nonnegative(c, "overlap_slowdown"), _list_collective_host(c),
-                     _nonnegative(c, "list_copy_host_us") * 1e-6,
-                     _per_framework(c, "framework_block_overhead_us", _nonnegative, 1e-6))
+        raise at("fp8_matmul_fraction").error(f"must be in (0, 1], got {fp8}", "fp8_matmul_fraction")
+    return Overheads(default, families,
+                     at("block_overhead_us").number("block_overhead_us", 0.0, positive=False) * 1e-6,
+                     at("step_overhead_s").number("step_overhead_s", 0.0, positive=False), fp8,
+                     _fraction(at("attention_fraction"), "attention_fraction"),
+                     _per_framework(at("framework_fraction"), "framework_fraction"),
+                     _per_framework(at("zero3_collective_fraction"), "zero3_collective_fraction"),
+                     _nonnegative(facts, "overlap_slowdown"), _list_collective_host(facts),
+                     _nonnegative(facts, "list_copy_host_us") * 1e-6,
+                     _per_framework(at("framework_block_overhead_us"), "framework_block_overhead_us",
+                                    _nonnegative, 1e-6))
 
 
 def _list_collective_host(c: Checker) -> dict[str, float]:
@@ -184,6 +202,15 @@ def _per_framework(c: Checker, key: str, value=_fraction, scale: float = 1.0) ->
     return {name: value(sub, name) * scale for name in sub.mapping}
 
 
-def load_overheads(path: str | Path = TRAINING_FILE) -> Overheads:
+def load_overheads(path: str | Path = TRAINING_FILE,
+                   fitted: str | Path | None = None) -> Overheads:
+    """The overheads of training.yaml (measured and published numbers) with the fitted numbers of
+    `fitted` (default: fitted.yaml beside the shipped training.yaml; a file given as `path` alone
+    holds every key itself, as a user's own file may)."""
     path = Path(path)
-    return _load(str(path), path.stat().st_mtime_ns)
+    if fitted is None and path.resolve() == TRAINING_FILE.resolve():
+        fitted = FITTED_FILE
+    if fitted is None:
+        return _load(str(path), path.stat().st_mtime_ns, None, 0)
+    fitted = Path(fitted)
+    return _load(str(path), path.stat().st_mtime_ns, str(fitted), fitted.stat().st_mtime_ns)

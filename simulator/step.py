@@ -9,7 +9,9 @@ The step is composed from the parts, each its own module:
    the event core, giving each rank's finish time, its busy time and each chunk's last backward.
 4. `dataparallel`: the gradient reduction (ring / tree / hierarchical / parameter server; ZeRO-1/2
    reduce-scatter + all-gather), started bucket by bucket as each chunk's last backward runs.
-5. the optimizer update (memory-bound: bytes touched per parameter over HBM bandwidth).
+5. the optimizer update (memory-bound: bytes touched per parameter over HBM bandwidth), after the
+   step's own synchronisations (`dataparallel.step_sync_time`: the tied-embedding gradient
+   all-reduce between the first and last pipeline stage, the gradient-norm and loss all-reduces).
 6. `memory.pipeline_memory`: per-rank memory with the activations actually in flight.
 Every rank of a data-parallel replica runs the same pipeline, so one pipeline is simulated.
 """
@@ -21,7 +23,8 @@ from partita.planner.costmodel import model_flops_per_step
 from partita.planner.schedule import build
 from partita.simulator.calibration import load_calibration
 from partita.simulator.context import StepContext, resolve
-from partita.simulator.dataparallel import dp_finish_times, optimizer_time
+from partita.simulator.dataparallel import dp_finish_times, optimizer_time, step_sync_time
+from partita.simulator.host import HostCosts, load_host_costs
 from partita.simulator.memory import pipeline_memory
 from partita.simulator.network import build_topology
 from partita.simulator.overheads import Overheads, load_overheads
@@ -36,14 +39,18 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
              overheads=None) -> SimResult:
     ctx = resolve(scenario, catalog)
     cal = calibration if calibration is not None else load_calibration()
+    local = ctx.system.kind == "local"
     if overheads is not None:
         oh = overheads
-    elif ctx.system.kind == "local":
+    elif local:
         oh = Overheads()        # `partita calibrate` measured this machine as the executor runs it
     else:
         oh = load_overheads()
+    # On `local` the measured kernel floor is an autograd-recorded op timed on the host: dispatch
+    # is in it already.
+    host = HostCosts() if local else load_host_costs()
     topo = build_topology(ctx.system, cal)
-    chunks = chunk_costs(ctx, topo, cal, oh)
+    chunks = chunk_costs(ctx, topo, cal, oh, host)
     act, grad, same = p2p_costs(ctx, topo)
     p = ctx.parallel
     costs = PipelineCosts(tuple(c.forward_s for c in chunks), tuple(c.backward_s for c in chunks),
@@ -59,9 +66,9 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     dp_end, dp_spans = dp_finish_times(ctx, topo, cal, timeline, costs, rank_compute_end,
                                        oh.contention, trace=trace)
     opt_s = optimizer_time(ctx, cal)
-    overhead_s = oh.step_overhead_s
+    sync = step_sync_time(ctx, topo)
     critical = max(range(p.pipeline), key=lambda r: (dp_end[r], -r))
-    step = dp_end[critical] + opt_s + overhead_s
+    step = dp_end[critical] + sum(sync.values()) + opt_s + oh.step_overhead_s
     inflight = [float(x) / max(1, p.virtual_stages) for x in _inflight(timeline, p)]
     if ctx.profile is not None:
         from partita.simulator import profiled
@@ -72,7 +79,9 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     peak_rank = max(range(len(mem)), key=lambda r: (_total(mem[r]), -r))
     breakdown = _breakdown(ctx, chunks, timeline, critical, rank_compute_end, dp_end, opt_s,
                            critical_p2p)
-    breakdown["step_overhead"] = overhead_s
+    breakdown |= {k: v for k, v in sync.items() if v > 0}
+    if oh.step_overhead_s:
+        breakdown["step_overhead"] = oh.step_overhead_s
     spans = _spans(timeline, dp_spans, opt_s, dp_end, p.pipeline) if trace else ()
     return _result(ctx, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
 
