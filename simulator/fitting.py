@@ -44,8 +44,6 @@ PARAMS: tuple[Param, ...] = (
     Param("sustained_matmul_fraction.v100", 1.0, 0.3, 1.0),
     Param("sustained_matmul_fraction.a100", 1.0, 0.3, 1.0),
     Param("sustained_matmul_fraction.h100", 1.0, 0.3, 1.0),
-    Param("fp8_matmul_fraction", 1.0, 0.3, 1.0),
-    Param("attention_fraction", 1.0, 0.3, 1.0),
     Param("framework_fraction.deepspeed", 1.0, 0.3, 1.0),
     Param("framework_fraction.fsdp", 1.0, 0.3, 1.0),
     Param("zero3_collective_fraction.deepspeed", 1.0, 0.05, 1.0),
@@ -69,8 +67,6 @@ def overheads_from(values: dict[str, float], base: Overheads | None = None) -> O
     return replace(
         base, sustained_default=float(np.median([fam[f] for f in FAMILIES])),
         sustained_by_family=fam,
-        fp8_matmul_fraction=values["fp8_matmul_fraction"],
-        attention_fraction=values["attention_fraction"],
         framework_fraction={"deepspeed": values["framework_fraction.deepspeed"],
                             "fsdp": values["framework_fraction.fsdp"]},
         zero3_collective_fraction={"deepspeed": values["zero3_collective_fraction.deepspeed"]})
@@ -130,12 +126,21 @@ def fit(rows: Sequence[MappedRow], catalog, *, predictor: Predictor | None = Non
         raise ValueError("fit: no rows to fit on")
     base = base if base is not None else load_overheads()
     pred = predictor if predictor is not None else Predictor(catalog)
-    start = np.array([p.start for p in PARAMS])
-    low = np.array([p.low for p in PARAMS])
-    high = np.array([p.high for p in PARAMS])
+    # A GPU family no row runs on is not fitted: it gets the median of the fitted families, as the
+    # simulator gives a family without rows (`Overheads.sustained_default`).
+    seen = {f for f in FAMILIES for m in rows if pred.gpu_name(m).lower().startswith(f)}
+    unseen = [f"sustained_matmul_fraction.{f}" for f in FAMILIES if f not in seen]
+    free = [p for p in PARAMS if p.name not in unseen]
+    start = np.array([p.start for p in free])
+    low = np.array([p.low for p in free])
+    high = np.array([p.high for p in free])
 
     def values(x) -> dict[str, float]:
-        return {p.name: float(np.clip(v, p.low, p.high)) for p, v in zip(PARAMS, x)}
+        out = {p.name: float(np.clip(v, p.low, p.high)) for p, v in zip(free, x)}
+        fitted = [out[f"sustained_matmul_fraction.{f}"] for f in FAMILIES if f in seen]
+        for name in unseen:
+            out[name] = float(np.median(fitted)) if fitted else 1.0
+        return {p.name: out[p.name] for p in PARAMS}
 
     def residuals(x):
         errs = pred.errors(rows, overheads_from(values(x), base))
@@ -170,10 +175,6 @@ def write_fitted(result: FitResult, path=None):
         "without rows",
         *[f"  {f}: {fam[f]:.3f}" for f in FAMILIES],
         f"  h200: {fam['h100']:.3f}                   # = h100: the same GH100 chip and clocks",
-        f"fp8_matmul_fraction: {v['fp8_matmul_fraction']:.3f}   # fp8 GEMMs, on top (Transformer "
-        "Engine casts, amax)",
-        f"attention_fraction: {v['attention_fraction']:.3f}    # fused attention in training / "
-        "its kernel benchmark",
         "framework_fraction:              # kernel throughput relative to Megatron-LM",
         f"  deepspeed: {v['framework_fraction.deepspeed']:.3f}",
         f"  fsdp: {v['framework_fraction.fsdp']:.3f}",
