@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "its split (split_memory.yaml) unless CSV / --split are given")
     p.add_argument("--cross-validate", action="store_true",
                    help="leave-one-source-out: refit without each source, predict it (minutes)")
+    p.add_argument("--frozen-test", action="store_true",
+                   help="the frozen test set (data/validation/frozen_test.yaml): its summary only; "
+                        "report it once per model change, never tune on it")
     p.add_argument("--write", action="store_true",
                    help="with --cross-validate: store the residuals in data/validation/crossval.json")
     p.add_argument("--verbose", "-v", action="store_true",
@@ -67,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.cross_validate:
         return _cross_validate(args)
+    if args.frozen_test:
+        return _frozen_test(args)
     rows = [r.strip() for r in args.rows.split(",") if r.strip()] if args.rows else None
     csv, split_file = args.csv, args.split
     if args.memory:
@@ -101,6 +106,32 @@ def _cross_validate(args: argparse.Namespace) -> int:
         if args.write:
             print(f"\nwrote {crossval.RESIDUALS_FILE}")
     return 0
+
+
+def _frozen_test(args: argparse.Namespace) -> int:
+    from partita.commands import catalog_from_args
+    from partita.simulator.validation import Split, load_frozen_test, run_validation
+
+    if args.csv is not None or args.rows or args.memory or args.split:
+        print("error: --frozen-test runs the rows of data/validation/frozen_test.yaml only "
+              "(no CSV, --rows, --split or --memory)", file=sys.stderr)
+        return 2
+    csv, ids = load_frozen_test()
+    report = run_validation(csv, rows=ids, split=Split(fit=frozenset()),
+                            catalog=catalog_from_args(args))
+    s = report.summary()
+    if args.json:
+        print(json.dumps({"csv": str(csv), "frozen_test": s.to_json()}))
+    else:
+        print(f"partita validate --frozen-test: {len(ids)} step times of {csv.name}, never fitted")
+        print(frozen_line(s))
+    return 0
+
+
+def frozen_line(s) -> str:
+    """The frozen test set's line (README quotes it; tests/test_validation.py checks it)."""
+    return (f"Frozen test ({s.count} rows): median {s.median_pct:.1f}%, p90 {s.p90_pct:.1f}%, "
+            f"max {s.max_pct:.1f}%, bias {s.bias_pct:+.1f}%")
 
 
 def format_cross_validation(cv) -> str:
