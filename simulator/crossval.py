@@ -23,10 +23,10 @@ from typing import Any
 
 from partita.planner.paths import CALIBRATION_DIR, VALIDATION_DIR
 from partita.simulator.fitting import FitResult, Predictor, fit
+from partita.simulator.interval import RESIDUALS_FILE, scenario_regime
 from partita.simulator.rowmap import MappedRow, load_rules, map_row, read_rows
 from partita.simulator.validation import Split, Summary, load_split, summarize
 
-RESIDUALS_FILE = VALIDATION_DIR / "crossval.json"
 # The files whose content the stored residuals depend on (model code aside): if one changes, the
 # residuals are stale and `partita validate --cross-validate --write` must be run again.
 INPUT_FILES = (VALIDATION_DIR / "published_dev.csv", VALIDATION_DIR / "split.yaml",
@@ -72,9 +72,8 @@ class CrossValidation:
 def regime(m: MappedRow) -> str:
     """The class of run an interval is drawn from: the training framework, and whether the run
     spans one node or several (the host-bound and network-bound ends of the data)."""
-    s = m.scenario
     gpn = int(m.document.get("cluster", {}).get("gpus_per_node") or 8)
-    return f"{s.training.framework}/{'one-node' if m.gpus <= gpn else 'multi-node'}"
+    return scenario_regime(m.scenario.training.framework, m.gpus, gpn)
 
 
 def dev_rows(csv: str | Path | None = None) -> list[MappedRow]:

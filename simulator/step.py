@@ -25,6 +25,7 @@ from partita.simulator.calibration import load_calibration
 from partita.simulator.context import StepContext, resolve
 from partita.simulator.dataparallel import dp_finish_times, optimizer_time, step_sync_time
 from partita.simulator.host import HostCosts, load_host_costs
+from partita.simulator.interval import scenario_regime, step_time_interval
 from partita.simulator.memory import pipeline_memory
 from partita.simulator.network import build_topology
 from partita.simulator.overheads import Overheads, load_overheads
@@ -146,6 +147,8 @@ def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak
     per_gpu = model_flops / step / ctx.gpus
     price = ctx.system.price.best_usd_per_hour
     nodes = -(-ctx.gpus // ctx.system.gpus_per_node)
+    band = step_time_interval(step, scenario_regime(t.framework, ctx.gpus,
+                                                    ctx.system.gpus_per_node))
     memory = {"parameters": int(mem.parameters), "gradients": int(mem.gradients),
               "optimizer": int(mem.optimizer), "activations": int(mem.activations),
               "other": int(mem.other)}
@@ -156,5 +159,7 @@ def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak
         bubble_fraction=timeline.bubble_fraction, breakdown_s=breakdown,
         memory_breakdown_bytes=memory, gpus=ctx.gpus, system=ctx.system.name,
         usd_per_hour=price * nodes if price is not None else None, spans=spans,
+        step_time_interval_s=(band.low_s, band.high_s) if band is not None else None,
+        interval_regime=band.regime if band is not None else "",
         details={"microbatches": ctx.microbatches, "nodes": nodes, "peak_memory_rank": peak_rank,
                  "model_flops_per_step": model_flops})
