@@ -53,7 +53,8 @@ TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6),
                "base_latency_us": ("base_latency_s", 1e-6),
                "half_bandwidth_mb": ("half_bandwidth_bytes", MB)}
 TIER_REQUIRED = ("efficiency", "step_latency_us", "base_latency_us", "half_bandwidth_mb")
-MEMORY_KEYS = ("cuda_context_gib", "communication_buffers_gib", "fragmentation_fraction",
+MEMORY_KEYS = ("usable_memory_gib", "cuda_context_gib", "communication_buffers_gib",
+               "fragmentation_fraction",
                "framework_buffers_gib", "source", "notes")
 
 
@@ -125,6 +126,12 @@ class MemoryCalibration:
     source: tuple[str, ...] = ()
     # Buffers a training framework allocates besides the model's tensors, by framework name.
     framework_buffers_bytes: dict[str, float] = field(default_factory=dict, hash=False)
+    # What CUDA reports as the device's total memory, by catalog GPU name, where a source measured
+    # it below the catalog's capacity label (driver and ECC reserve); others: the label.
+    usable_memory_bytes: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def usable_bytes(self, gpu_name: str, nominal_bytes: float) -> float:
+        return self.usable_memory_bytes.get(gpu_name, nominal_bytes)
 
     def reserve_bytes(self, allocated_bytes: float, framework: str = "megatron") -> float:
         return (self.cuda_context_bytes + self.communication_buffers_bytes
@@ -310,6 +317,9 @@ def _parse_memory(c: Checker) -> dict[str, Any]:
         sub.only(FRAMEWORKS)
         out["framework_buffers_bytes"] = {name: sub.number(name, positive=False) * GIB
                                           for name in sub.mapping}
+    if c.has("usable_memory_gib"):
+        sub = c.sub("usable_memory_gib")
+        out["usable_memory_bytes"] = {str(name): sub.number(name) * GIB for name in sub.mapping}
     if c.has("source"):
         out["source"] = _strings(c, "source")
     return out
@@ -379,7 +389,8 @@ def _build(merged: dict[str, Any], first_seen: dict[tuple[str, str], str],
              for name, value in merged["tiers"].items()}
     memory = MemoryCalibration(m["cuda_context_bytes"], m["communication_buffers_bytes"],
                                m["fragmentation_fraction"], tuple(m.get("source", ())),
-                               dict(m.get("framework_buffers_bytes", {})))
+                               dict(m.get("framework_buffers_bytes", {})),
+                               dict(m.get("usable_memory_bytes", {})))
     return Calibration(gpus, default, tiers, memory, files)
 
 

@@ -55,6 +55,11 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
         profiled.check(scenario, profile)
     system.gpu.peak(scenario.training.precision)     # precision supported by this GPU?
     p = scenario.parallel
+    if p.zero >= 1 and p.grad_reduce != "auto":
+        raise PartitaError(f"{where}parallel.grad_reduce: {p.grad_reduce!r} chooses the all-reduce "
+                           f"of ZeRO 0, but zero is {p.zero}: ZeRO 1/2 reduce-scatter the gradients "
+                           "(a ring, as NCCL runs it) and ZeRO 3 per block; set grad_reduce: auto "
+                           "or zero: 0")
     placement = Placement(p.tensor, p.context, p.data, p.pipeline,
                           min(system.gpus_per_node, gpus))
     return StepContext(scenario=scenario, system=system, gpus=gpus, dims=dims, parallel=p,

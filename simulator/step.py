@@ -84,7 +84,7 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     if oh.step_overhead_s:
         breakdown["step_overhead"] = oh.step_overhead_s
     spans = _spans(timeline, dp_spans, opt_s, dp_end, p.pipeline) if trace else ()
-    return _result(ctx, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
+    return _result(ctx, cal, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
 
 
 @lru_cache(maxsize=64)
@@ -135,7 +135,8 @@ def _spans(timeline, dp_spans, opt_s: float, dp_end, pipeline: int) -> tuple[Spa
     return tuple(spans)
 
 
-def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak_rank) -> SimResult:
+def _result(ctx: StepContext, cal, step: float, timeline, breakdown, mem, spans,
+            peak_rank) -> SimResult:
     t = ctx.training
     gpu = ctx.system.gpu
     tokens = t.global_batch * ctx.seq_len
@@ -155,7 +156,8 @@ def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak
     return SimResult(
         step_time_s=step, tokens_per_s=tokens / step, samples_per_s=t.global_batch / step,
         tflops_per_gpu=per_gpu / 1e12, mfu=per_gpu / gpu.peak(t.precision),
-        peak_memory_bytes=int(sum(memory.values())), memory_capacity_bytes=gpu.memory_bytes,
+        peak_memory_bytes=int(sum(memory.values())),
+        memory_capacity_bytes=int(cal.memory.usable_bytes(gpu.name, gpu.memory_bytes)),
         bubble_fraction=timeline.bubble_fraction, breakdown_s=breakdown,
         memory_breakdown_bytes=memory, gpus=ctx.gpus, system=ctx.system.name,
         usd_per_hour=price * nodes if price is not None else None, spans=spans,
