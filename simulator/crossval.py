@@ -30,7 +30,9 @@ from partita.simulator.validation import Split, Summary, load_split, summarize
 # The files whose content the stored residuals depend on (model code aside): if one changes, the
 # residuals are stale and `partita validate --cross-validate --write` must be run again.
 INPUT_FILES = (VALIDATION_DIR / "published_dev.csv", VALIDATION_DIR / "split.yaml",
-               VALIDATION_DIR / "rowmap.yaml", CALIBRATION_DIR / "training.yaml")
+               VALIDATION_DIR / "rowmap.yaml", CALIBRATION_DIR / "training.yaml",
+               CALIBRATION_DIR / "host.yaml", CALIBRATION_DIR / "compute.yaml",
+               CALIBRATION_DIR / "network.yaml")
 
 
 @dataclass(frozen=True)

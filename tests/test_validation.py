@@ -451,3 +451,45 @@ def test_cli_memory_report_splits_fit_and_holdout(standin, capsys):
     assert main(["validate", "--memory", "--rows", "BLMEM-01,BLMEM-02", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["memory_fit"]["count"] == 1 and doc["summary"]["memory_holdout"]["count"] == 1
+
+
+# ---- leave-one-source-out and the frozen test: README quotes what `validate` prints (#16) ----
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_quotes_the_stored_leave_one_source_out_figures():
+    from partita.commands.validate import loso_line
+    from partita.simulator import crossval
+    stored = crossval.load_residuals()
+    assert stored["inputs_sha256"] == crossval.inputs_digest(), (
+        "data/validation/crossval.json is stale (its inputs changed); rewrite it with "
+        "`partita validate --cross-validate --write` and update README")
+    line = loso_line(validation.summarize(r["error_pct"] / 100.0 for r in stored["rows"]))
+    assert line in README.read_text()
+
+
+def test_readme_quotes_the_frozen_test_figures(tmp_path, monkeypatch):
+    from partita.commands.validate import frozen_line
+    from partita.planner.catalog import load_catalog
+    monkeypatch.setenv("PARTITA_HOME", str(tmp_path))          # the shipped catalog only
+    monkeypatch.delenv("PARTITA_CATALOG", raising=False)
+    csv_path, ids = validation.load_frozen_test()
+    report = validation.run_validation(csv_path, rows=ids, split=validation.Split(fit=frozenset()),
+                                       catalog=load_catalog())
+    assert frozen_line(report.summary()) in README.read_text()
+
+
+def test_frozen_test_rows_are_never_fit_rows():
+    _, ids = validation.load_frozen_test()
+    memory_fit = validation.load_split(validation.MEMORY_SPLIT).fit
+    assert len(ids) == 59 and not set(ids) & set(validation.load_split().fit)
+    # BLMEM-27, -39, -61 repeat dev fit runs and are kept out
+    assert {"BLMEM-27", "BLMEM-39", "BLMEM-61"}.isdisjoint(ids)
+    assert memory_fit                                  # the memory fit rows' step times: never fitted
+
+
+def test_cross_validate_refuses_other_inputs(capsys):
+    assert main(["validate", "--cross-validate", "--rows", "NAR21-01"]) == 2
+    assert "error: --cross-validate" in capsys.readouterr().err
+    assert main(["validate", "--write"]) == 2
