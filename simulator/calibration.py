@@ -146,6 +146,9 @@ class Calibration:
     tiers: dict[str, TierCalibration] = field(hash=False)
     memory: MemoryCalibration
     files: tuple[str, ...] = ()
+    # Host seconds to issue one autograd-recorded op on the machine `partita calibrate` measured
+    # (`host: {op_dispatch_us}` of its overlay); None where none was measured.
+    local_op_dispatch_s: float | None = None
 
     def gpu(self, name: str) -> GpuCalibration:
         """The GPU's calibration; a GPU without data gets the default curves under its own name."""
@@ -187,7 +190,7 @@ def load_calibration(extra: str | Path | None = None, *, include_local: bool = T
 
 @lru_cache(maxsize=8)
 def _load(stamps: tuple[tuple[str, int], ...]) -> Calibration:
-    merged: dict[str, Any] = {"default": {}, "gpus": {}, "tiers": {}, "memory": {}}
+    merged: dict[str, Any] = {"default": {}, "gpus": {}, "tiers": {}, "memory": {}, "host": {}}
     first_seen: dict[tuple[str, str], str] = {}
     for path, _ in stamps:
         part = _parse_file(path, shipped_memory=Path(path) == CALIBRATION_DIR / "memory.yaml")
@@ -221,7 +224,7 @@ def _parse_file(path: str, shipped_memory: bool) -> dict[str, Any]:
     top = Checker(doc, "", path)
     if shipped_memory:                      # memory.yaml holds the memory keys at the top level
         return {"memory": _parse_memory(top)}
-    top.only(("default", "gpus", "tiers", "memory", "source", "notes"))
+    top.only(("default", "gpus", "tiers", "memory", "host", "source", "notes"))
     out: dict[str, Any] = {}
     if top.has("default"):
         out["default"] = _parse_gpu(top.sub("default"), DEFAULT_KEYS)
@@ -233,6 +236,10 @@ def _parse_file(path: str, shipped_memory: bool) -> dict[str, Any]:
         out["tiers"] = {str(name): _parse_tier(tiers.sub(str(name))) for name in tiers.mapping}
     if top.has("memory"):
         out["memory"] = _parse_memory(top.sub("memory"))
+    if top.has("host"):
+        host = top.sub("host")
+        host.only(("op_dispatch_us", "source"))
+        out["host"] = {"op_dispatch_s": host.number("op_dispatch_us", positive=False) * 1e-6}
     return out
 
 
@@ -391,7 +398,8 @@ def _build(merged: dict[str, Any], first_seen: dict[tuple[str, str], str],
                                m["fragmentation_fraction"], tuple(m.get("source", ())),
                                dict(m.get("framework_buffers_bytes", {})),
                                dict(m.get("usable_memory_bytes", {})))
-    return Calibration(gpus, default, tiers, memory, files)
+    return Calibration(gpus, default, tiers, memory, files,
+                       merged["host"].get("op_dispatch_s"))
 
 
 def _require(values: dict[str, Any], keys: tuple[str, ...], where: str) -> None:

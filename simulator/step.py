@@ -47,9 +47,8 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
         oh = Overheads()        # `partita calibrate` measured this machine as the executor runs it
     else:
         oh = load_overheads()
-    # On `local` the measured kernel floor is an autograd-recorded op timed on the host: dispatch
-    # is in it already.
-    host = HostCosts() if local else load_host_costs()
+    # On `local`, `partita calibrate` measured the host's dispatch per op (none measured: none).
+    host = HostCosts(op_dispatch_s=cal.local_op_dispatch_s or 0.0) if local else load_host_costs()
     topo = build_topology(ctx.system, cal)
     chunks = chunk_costs(ctx, topo, cal, oh, host)
     act, grad, same = p2p_costs(ctx, topo)
