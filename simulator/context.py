@@ -46,7 +46,14 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
     if gpus > system.gpus_per_node and gpus % system.gpus_per_node:
         raise PartitaError(f"{where}cluster.gpus ({gpus}) must fill whole {system.name} nodes "
                            f"of {system.gpus_per_node} GPUs (or be at most one node)")
-    dims = scenario.model.resolve()
+    spec = scenario.model
+    if getattr(spec, "hf_config", None) is not None and getattr(spec, "seq_len", None) is None:
+        positions = next((spec.hf_config[k] for k in ("max_position_embeddings", "n_positions",
+                                                      "n_ctx") if k in spec.hf_config), None)
+        raise PartitaError(f"{where}model.seq_len: required with hf_config (the config gives the "
+                           f"longest sequence the model supports, {positions}, not the one a run "
+                           "trains on); add model.seq_len, e.g. seq_len: 4096")
+    dims = spec.resolve()
     check_plan(scenario, gpus, dims)
     profile = None
     if dims is None:                      # a torch module: cost it from its meta-device profile

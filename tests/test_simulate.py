@@ -446,3 +446,17 @@ def test_interval_from_residuals_by_hand(tmp_path):
     # 5th / 95th percentiles of -10..9 %: -9.05 % and +8.05 %
     assert band.low_s == pytest.approx(1 / 1.0805) and band.high_s == pytest.approx(1 / 0.9095)
     assert step_time_interval(1.0, "megatron/one-node", path).regime == "pooled"   # 1 row < 8
+
+
+def test_hf_config_without_seq_len_is_an_error(tmp_path, capsys):
+    doc = small()
+    doc["model"] = {"hf_config": {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 256,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "intermediate_size": 512, "vocab_size": 1000,
+                                  "max_position_embeddings": 32768}}
+    path = write(tmp_path, "m.yaml", doc)
+    assert main(["simulate", path]) == 1
+    err = capsys.readouterr().err
+    assert "model.seq_len: required with hf_config" in err and "32768" in err
+    doc["model"]["seq_len"] = 1024
+    assert main(["simulate", write(tmp_path, "m2.yaml", doc)]) == 0
