@@ -1,22 +1,22 @@
-"""Framework effects no kernel microbenchmark shows, as data (data/calibration/training.yaml).
+"""Framework effects no kernel microbenchmark shows, as data.
 
-Fitted end to end by benchmarks/fit_overheads.py on the fit rows of the validation split only:
+Fitted (data/calibration/fitted.yaml, written by benchmarks/fit_overheads.py with the rows,
+objective and command; `simulator.fitting`):
 - the fraction of the best-shape matmul throughput a training run sustains, per GPU family
   (sustained clocks under full power differ by generation: a 700 W H100 throttles further below
-  its boost clock than a 400 W A100), with a default for GPUs the fit rows do not cover;
-- a fixed cost per transformer block per micro-batch (kernel launches, small kernels);
-- a fixed cost per optimizer step (data loading, logging, host synchronisation);
-- for fp8 training, the further fraction its GEMMs sustain (Transformer Engine's quantisation
-  casts and transposes around every GEMM, amax bookkeeping); attention stays 16-bit;
-- the fraction of its kernel benchmark a fused attention kernel sustains in training;
+  its boost clock than a 400 W A100), with a default (their median) for families without rows;
 - per training framework (`training.framework`), the fraction of Megatron-LM's kernel throughput
   it sustains (fused kernels, Python-driven schedules), and the fraction of the modelled
-  bandwidth its ZeRO-3 parameter gathers and gradient scatters reach;
+  bandwidth DeepSpeed's ZeRO-3 parameter gathers and gradient scatters reach.
+Measured or published (data/calibration/training.yaml):
 - how much slower kernels run while a collective runs beside them on the same GPU (`overlapped`);
 - the per-rank host work of collectives called with a Python list of per-rank tensors
-  (`list_collective`; measured by benchmarks/bench_host_collective.py, not fitted) and the host
-  time to submit each list entry's copy (`list_copy_host_us`: measured dispatch plus a published
-  `cudaMemcpyAsync` cost, not fitted).
+  (`list_collective`; benchmarks/bench_host_collective.py) and the host time to submit each list
+  entry's copy (`list_copy_host_us`: measured dispatch plus a published `cudaMemcpyAsync` cost);
+- the fp8 and attention-kernel fractions (1.0: no dev data identifies them).
+Kept for a user's own file, none shipped: a fixed cost per block pass (`block_overhead_us`,
+`framework_block_overhead_us`) and per step (`step_overhead_s`); host dispatch and launch are
+modelled instead (`simulator.host`).
 """
 from __future__ import annotations
 
@@ -106,14 +106,16 @@ class Overheads:
 
     def block_overhead(self, name: str) -> float:
         """Fixed seconds per transformer block per micro-batch pass under framework `name`: the
-        shared per-block cost plus the framework's own. DeepSpeed's is fitted (training.yaml): its
-        pipeline runs pay a cost per block pass that does not shrink with the block's work. The
+        shared per-block cost plus the framework's own (none shipped: a user's own file may set
+        them). A fit once gave DeepSpeed 3.3 ms per pass from these observations: the
         BLOOM log (bigscience tr11-176B-ml chronicles-prequel, 02-21 tables) runs one 72-layer model
         on the same 384 GPUs at micro-batch 1, 2 and 4: the steps take 143, 134 and 124 s for the
         same FLOPs, though the smaller micro-batch has the smaller bubble. Bubble plus a cost per
         block pass fits the micro-batch 1 and 4 steps with about 11 ms per block per micro-batch
         (forward, recompute and backward together). Those runs set CUDA_LAUNCH_BLOCKING=1
-        (tr11-176B-ml.slurm), which leaves every kernel's host-side launch exposed."""
+        (tr11-176B-ml.slurm), which leaves every kernel's host-side launch exposed. That is now
+        modelled where launches block (`training.launch_blocking`, `simulator.host`) with published
+        latencies, which account for about 0.2 ms of the 3.3 ms; the rest is not explained."""
         return self.block_overhead_s + self.framework_block_overhead_s.get(name, 0.0)
 
     def zero3_collectives(self, name: str) -> float:
