@@ -144,7 +144,7 @@ def step_sync_time(ctx: StepContext, topo: Topology) -> dict[str, float]:
     - `step_sync`: the scalar all-reduces of STEP_SCALARS (norm, loss, found-inf)."""
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     out = {"embedding_sync": 0.0, "step_sync": 0.0}
-    if p.pipeline > 1 and d.tie_embeddings and ctx.profile is None:
+    if p.pipeline > 1 and ctx.profile is None and d is not None and d.tie_embeddings:
         nbytes = d.vocab / p.tensor * d.hidden * grad_bytes(t.precision)
         same_node = ctx.placement.gpus <= ctx.placement.gpus_per_node
         out["embedding_sync"] = collective("allreduce", "ring", nbytes,
