@@ -1,4 +1,4 @@
-"""Fit the framework numbers of data/calibration/training.yaml to measured step times.
+"""Fit the numbers of data/calibration/fitted.yaml to measured step times.
 
 `fit(rows)` minimises the mean pseudo-Huber loss DELTA^2 (sqrt(1 + (x / DELTA)^2) - 1) of
 x = log(predicted / measured) of the step time over the given `MappedRow`s: quadratic near zero,
@@ -8,7 +8,7 @@ pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 
 `benchmarks/fit_overheads.py` runs it on the split's fit rows and stores the result; the
 leave-one-source-out check (`simulator.crossval`) runs the same function once per left-out source.
 
-The fitted parameters are `PARAMS`; every other number of training.yaml is measured or published
+The fitted parameters are `PARAMS`; every other number the simulator reads is measured or published
 and is read from the file as it stands. A row only reads the parameters of its GPU family,
 precision and framework, so its prediction is cached on those values: a finite-difference column
 for the V100 fraction re-simulates the V100 rows only.

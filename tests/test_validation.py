@@ -493,3 +493,26 @@ def test_cross_validate_refuses_other_inputs(capsys):
     assert main(["validate", "--cross-validate", "--rows", "NAR21-01"]) == 2
     assert "error: --cross-validate" in capsys.readouterr().err
     assert main(["validate", "--write"]) == 2
+
+
+def test_fit_recovers_a_fraction_and_gives_unseen_families_the_median():
+    """simulator.fitting.fit on rows whose error depends on the A100 fraction only (a stub
+    predictor): the fit finds it, and the V100 and H100 fractions, which no row reads, get the
+    median of the fitted families, as the simulator gives a family without rows."""
+    from types import SimpleNamespace
+    from partita.simulator.fitting import fit
+
+    class Stub:
+        def gpu_name(self, m):
+            return "a100-80gb"
+
+        def errors(self, rows, oh):
+            return {m.row_id: oh.sustained("a100-80gb") / 0.8 * m.scale - 1.0 for m in rows}
+
+    rows = [SimpleNamespace(row_id=f"R{i}", scale=s) for i, s in enumerate((0.98, 1.0, 1.02))]
+    result = fit(rows, catalog=None, predictor=Stub())
+    v = result.values
+    assert v["sustained_matmul_fraction.a100"] == pytest.approx(0.8, abs=0.01)
+    assert v["sustained_matmul_fraction.v100"] == v["sustained_matmul_fraction.a100"]
+    assert v["sustained_matmul_fraction.h100"] == v["sustained_matmul_fraction.a100"]
+    assert result.rows == ("R0", "R1", "R2")
