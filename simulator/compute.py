@@ -242,6 +242,26 @@ def embedding_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, 
     return LayerTimes(fwd, bwd, 0.0, bwd, 0.0, {"elementwise_fwd": fwd, "elementwise_bwd": bwd})
 
 
+def loss_forward_bytes(e: int) -> tuple[float, ...]:
+    """Bytes per logit element of each memory-bound kernel of the vocab-parallel cross-entropy
+    forward, as Megatron-LM runs it (megatron/core/tensor_parallel/cross_entropy.py,
+    VocabParallelCrossEntropy): logits.float() (read e, write 4), max over the vocab (read 4),
+    in-place subtract of the max (read 4, write 4), exp in place (4 + 4), sum (4), in-place divide
+    to the softmax kept for backward (4 + 4): e + 36 bytes in six kernels.
+    PyTorch's F.cross_entropy under autocast (FSDP, nanoGPT) moves the same in all, split
+    differently: forward the fp32 cast (e + 4) and log_softmax's max, sum-of-exp and write passes
+    (4 + 4 + 8): e + 20; backward the nll gradient (write 4), log_softmax backward (sum of the
+    gradient 4, then read 4 + 4, write 4) and the cast back (4 + e): 28 + e. Both total 48 + 2e."""
+    return (e + 4.0, 4.0, 8.0, 8.0, 4.0, 8.0)
+
+
+def loss_backward_bytes(e: int) -> tuple[float, ...]:
+    """Bytes per logit element of the cross-entropy backward (same file,
+    calculate_gradients): the one-hot update is a gather (negligible), grad_input.mul_(grad_output)
+    reads and writes fp32 (8), and the backward of .float() casts to the activation dtype (4 + e)."""
+    return (8.0, 4.0 + e)
+
+
 def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
                precision: str, gpu: GPU, cal: Calibration) -> LayerTimes:
     """Final norm, LM head GEMM (vocab split over tp) and the cross-entropy loss (fp32)."""
@@ -254,12 +274,11 @@ def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: i
     gemm_w = _gemm(dims.hidden, vocab_local, tokens, gpu, precision, g)
     norm_tokens = tokens / tp if sp else tokens
     norm = 2 * e * norm_tokens * dims.hidden
-    # Loss: upcast the logits to fp32, max, exp, sum (about 3 fp32 passes); backward writes
-    # softmax - one_hot back at the activation precision.
-    loss_f = tokens * vocab_local * (e + 3 * 4)
-    loss_b = tokens * vocab_local * (4 + e)
-    ew_f = _elementwise(norm, gpu, g) + _elementwise(loss_f, gpu, g)
-    ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * norm, gpu, g) + _elementwise(loss_b, gpu, g)
+    logits = tokens * vocab_local
+    ew_f = _elementwise(norm, gpu, g) + sum(_elementwise(logits * b, gpu, g)
+                                            for b in loss_forward_bytes(e))
+    ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * norm, gpu, g) + sum(
+        _elementwise(logits * b, gpu, g) for b in loss_backward_bytes(e))
     bwd_input = gemm_i + ew_b
     parts = {"gemm_fwd": gemm_f, "elementwise_fwd": ew_f, "gemm_bwd_input": gemm_i,
              "gemm_bwd_weight": gemm_w, "elementwise_bwd": ew_b}
