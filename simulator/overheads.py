@@ -5,9 +5,8 @@ objective and command; `simulator.fitting`):
 - the fraction of the best-shape matmul throughput a training run sustains, per GPU family
   (sustained clocks under full power differ by generation: a 700 W H100 throttles further below
   its boost clock than a 400 W A100), with a default (their median) for families without rows;
-- per training framework (`training.framework`), the fraction of Megatron-LM's kernel throughput
-  it sustains (fused kernels, Python-driven schedules), and the fraction of the modelled
-  bandwidth DeepSpeed's ZeRO-3 parameter gathers and gradient scatters reach.
+- DeepSpeed's fraction of Megatron-LM's kernel throughput (`framework_fraction`), and the
+  fraction of the modelled bandwidth its ZeRO-3 parameter gathers and gradient scatters reach.
 Measured or published (data/calibration/training.yaml):
 - how much slower kernels run while a collective runs beside them on the same GPU (`overlapped`);
 - the per-rank host work of collectives called with a Python list of per-rank tensors
@@ -16,7 +15,9 @@ Measured or published (data/calibration/training.yaml):
 - the fp8 and attention-kernel fractions (1.0: no dev data identifies them).
 Kept for a user's own file, none shipped: a fixed cost per block pass (`block_overhead_us`,
 `framework_block_overhead_us`) and per step (`step_overhead_s`); host dispatch and launch are
-modelled instead (`simulator.host`).
+modelled instead (`simulator.host`). FSDP's framework fraction is not fitted: FSDP runs the
+same cuBLAS and flash-attention kernels; fitted, it sat at its bound 1.0 and traded against the
+H100 fraction whenever Megatron-Core's H100 rows were left out.
 """
 from __future__ import annotations
 
