@@ -44,7 +44,6 @@ PARAMS: tuple[Param, ...] = (
     Param("sustained_matmul_fraction.v100", 1.0, 0.3, 1.0),
     Param("sustained_matmul_fraction.a100", 1.0, 0.3, 1.0),
     Param("sustained_matmul_fraction.h100", 1.0, 0.3, 1.0),
-    Param("framework_fraction.deepspeed", 1.0, 0.3, 1.0),
     Param("zero3_collective_fraction.deepspeed", 1.0, 0.05, 1.0),
 )
 
@@ -66,7 +65,6 @@ def overheads_from(values: dict[str, float], base: Overheads | None = None) -> O
     return replace(
         base, sustained_default=float(np.median([fam[f] for f in FAMILIES])),
         sustained_by_family=fam,
-        framework_fraction={"deepspeed": values["framework_fraction.deepspeed"]},
         zero3_collective_fraction={"deepspeed": values["zero3_collective_fraction.deepspeed"]})
 
 
@@ -173,8 +171,6 @@ def write_fitted(result: FitResult, path=None):
         "without rows",
         *[f"  {f}: {fam[f]:.3f}" for f in FAMILIES],
         f"  h200: {fam['h100']:.3f}                   # = h100: the same GH100 chip and clocks",
-        "framework_fraction:              # kernel throughput relative to Megatron-LM",
-        f"  deepspeed: {v['framework_fraction.deepspeed']:.3f}",
         "zero3_collective_fraction:       # ZeRO-3 gathers/scatters: fraction of modelled bandwidth",
         f"  deepspeed: {v['zero3_collective_fraction.deepspeed']:.3f}",
     ]

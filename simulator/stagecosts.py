@@ -221,8 +221,36 @@ def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads,
             if present:
                 f, bw, w = f + extra.fwd_s, bw + extra.bwd_s, w + extra.bwd_weight_s
                 parts["compute"] = parts.get("compute", 0.0) + extra.fwd_s + extra.bwd_s
+        hp = _hp_grad_update(ctx, cal, n_enc, n_dec, i == 0 or i == len(ranges) - 1)
+        if hp:
+            bw, w = bw + hp, w + hp
+            _add(parts, "hp_grad_update", hp)
         out.append(ChunkCost(f, bw, w, parts))
     return out
+
+
+# DeepSpeed's BF16_Optimizer adds every micro-batch's bf16 gradients into fp32 gradient buffers
+# right after that micro-batch's backward (runtime/pipe/engine.py `_exec_backward_pass` calls
+# `optimizer.update_hp_grads()` when bf16 is on; runtime/bf16_optimizer.py, per parameter tensor:
+# `hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))`): a cast kernel (read 2, write 4 bytes per
+# parameter) and an add kernel (read 4 + 4, write 4).
+HP_GRAD_KERNEL_BYTES = (6.0, 12.0)
+
+
+def _hp_grad_update(ctx: StepContext, cal, n_enc: int, n_dec: int, has_table: bool) -> float:
+    """Seconds per micro-batch of DeepSpeed's bf16 gradient accumulation into fp32 on one chunk:
+    DeepSpeed's pipeline engine (pipeline > 1) under bf16 with ZeRO 0 or 1 (the BF16_Optimizer;
+    ZeRO 2 and 3 accumulate in their own partitioned buffers)."""
+    p, t, d = ctx.parallel, ctx.training, ctx.dims
+    if t.framework != "deepspeed" or t.precision != "bf16" or p.pipeline < 2 or p.zero > 1:
+        return 0.0
+    tensors = [n / p.tensor for n in block_parameter_tensors(d)] * n_enc
+    if n_dec:
+        tensors += [n / p.tensor for n in block_parameter_tensors(d, decoder=True)] * n_dec
+    if has_table:
+        tensors.append(d.vocab * d.hidden / p.tensor)
+    gpu = ctx.system.gpu
+    return sum(elementwise_time(n * b, gpu, cal) for n in tensors for b in HP_GRAD_KERNEL_BYTES)
 
 
 def boundary_bytes(ctx: StepContext, chunk: int) -> float:

@@ -231,6 +231,32 @@ def test_framework_block_overhead_is_paid_on_every_block_pass_of_that_framework_
             assert y.backward_s - x.backward_s == pytest.approx(3 * blocks * per_block, abs=1e-12)
 
 
+def test_deepspeed_bf16_pipeline_adds_each_micro_batch_gradients_into_fp32():
+    """DeepSpeed's BF16_Optimizer under its pipeline engine: after every micro-batch's backward a
+    cast (2 -> 4 bytes) and an add (4 + 4 -> 4) per parameter of the chunk, 18 bytes per parameter
+    at HBM speed; not under fp16, ZeRO 2, Megatron, or without a pipeline."""
+    from partita.simulator.context import resolve
+    from partita.simulator.memory import block_parameters
+    catalog = load_catalog()
+    ctx = resolve(parse_scenario(small()), catalog)
+
+    def run(framework="deepspeed", precision="bf16", **parallel):
+        doc = small(**parallel)
+        doc["training"].update(framework=framework, precision=precision)
+        return simulate(parse_scenario(doc), catalog)
+
+    ds = run()
+    micro = 64 // 4 // 2                                  # global / data / micro-batch
+    params = (8 // 2 * block_parameters(ctx.dims) + 32000 * 1024) / 2     # per rank: tp 2, pp 2
+    hbm = ctx.system.gpu.memory_bandwidth_bytes_per_s
+    per_step = ds.breakdown_s["hp_grad_update"]
+    assert per_step > micro * 18 * params / hbm          # below HBM peak, never above it
+    assert per_step < micro * 18 * params / (0.3 * hbm)
+    for other in (run(precision="fp16"), run(zero=2), run(framework="megatron"),
+                  run(pipeline=1, data=8)):
+        assert "hp_grad_update" not in other.breakdown_s
+
+
 def test_zero3_gathers_without_prefetch_add_to_compute():
     """overlap_param_gather false (DeepSpeed 0.3's synchronous gathers): each block's all-gathers
     and reduce-scatter run between its kernels, so the step is the overlapped one plus what the
