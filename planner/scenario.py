@@ -28,7 +28,7 @@ MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
                  "framework", "launch_blocking")
-ATTENTION = ("flash", "unfused")
+ATTENTION = ("flash", "unfused", "eager")
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
@@ -53,6 +53,7 @@ class TrainingSpec:
     recompute: str = "none"
     optimizer: str = "adam"
     attention: str = "flash"        # flash (fused, scores never stored) | unfused (stored scores)
+                                    # | eager (stored scores, scale/mask/softmax/dropout unfused)
     framework: str = "megatron"     # megatron (Megatron-LM/-Core, NeMo) | deepspeed | fsdp (torch FSDP)
     launch_blocking: bool = False   # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the kernel
 

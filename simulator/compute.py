@@ -162,13 +162,18 @@ def _block_attention_flops(dims: TransformerDims, micro_batch: int, tp: int,
 
 
 def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int, precision: str,
-                       gpu: GPU, g: GpuCalibration) -> tuple[float, float]:
+                       gpu: GPU, g: GpuCalibration, eager: bool = False) -> tuple[float, float]:
     """Forward and backward seconds of attention with a stored score matrix (no causal skip).
 
     QK^T and PV run as batched GEMMs (stacked here: same FLOPs, one launch); the scores
     (b * heads/tp * s_q * s_kv elements) are written by QK^T, read and written by the fused
     scale-mask-softmax, read and written by dropout (plus a 1-byte mask), and read by PV.
     Backward: two GEMMs per forward GEMM, dropout and softmax backward over the same elements.
+    `eager`: the scale, the mask and the softmax are separate kernels, as Megatron-LM's GPT-2
+    attention ran them before its fused softmax (mpu/transformer.py, 2019: scores / sqrt(hn);
+    torch.mul(scores, ltor_mask) - 10000.0 * (1.0 - ltor_mask); Softmax; dropout): forward
+    2e + 2e + 2e + 2e + (2e + 1) bytes per score, backward dropout (2e + 1), softmax (3e), the
+    mask's multiply (2e) and the scale (2e); the subtraction of a constant passes its gradient.
     """
     q_heads, _ = _heads(dims, tp)
     s_q, s_kv, hd = dims.seq_len // cp, dims.seq_len, dims.head_dim
@@ -176,9 +181,13 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
     e = element_bytes(precision)
     scores = float(rows * s_kv)
     fwd = _gemm(rows, s_kv, hd, gpu, precision, g) + _gemm(rows, hd, s_kv, gpu, precision, g)
-    fwd += _elementwise(scores * (2 * e + 2 * e + 1), gpu, g)
     bwd = 2 * _gemm(rows, s_kv, hd, gpu, precision, g) + 2 * _gemm(rows, hd, s_kv, gpu, precision, g)
-    bwd += _elementwise(scores * (3 * e + 1 + 3 * e), gpu, g)
+    if eager:
+        fwd += sum(_elementwise(scores * b, gpu, g) for b in (2 * e, 2 * e, 2 * e, 2 * e, 2 * e + 1))
+        bwd += sum(_elementwise(scores * b, gpu, g) for b in (2 * e + 1, 3 * e, 2 * e, 2 * e))
+    else:
+        fwd += _elementwise(scores * (2 * e + 2 * e + 1), gpu, g)
+        bwd += _elementwise(scores * (3 * e + 1 + 3 * e), gpu, g)
     return fwd, bwd
 
 
@@ -191,7 +200,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
 
     attention "flash": one fused kernel that never stores the scores (Dao et al. 2022);
     "unfused": two batched GEMMs around a stored score matrix with a fused scale-mask-softmax and
-    dropout (Megatron-LM before flash attention; Korthikanti et al. 2022, Sec. 4.1)."""
+    dropout (Megatron-LM before flash attention; Korthikanti et al. 2022, Sec. 4.1); "eager": the
+    same with the scale, mask and softmax as separate kernels (Megatron-LM 2019)."""
     if recompute not in RECOMPUTE:
         raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
                            f"got {recompute!r}")
@@ -202,10 +212,11 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
         gemm_i += _gemm(gm.m, gm.k, gm.n, gpu, precision, g)     # dX = dY @ W^T
         gemm_w += _gemm(gm.k, gm.n, gm.m, gpu, precision, g)     # dW = X^T @ dY
     causal = dims.arch in ("gpt", "llama") or decoder
-    if attention == "unfused":
-        attn_f, attn_b = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g)
+    if attention in ("unfused", "eager"):
+        eager = attention == "eager"
+        attn_f, attn_b = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager)
         if decoder:
-            f2, b2 = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g)
+            f2, b2 = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager)
             attn_f, attn_b = attn_f + f2, attn_b + b2
     else:
         flops = _block_attention_flops(dims, micro_batch, tp, cp)

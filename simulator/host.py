@@ -11,7 +11,8 @@ device time.
 Kernels per block forward (`forward_kernels`), counted from Megatron-LM's GPT block
 (megatron/core/transformer/transformer_layer.py with its fused kernels): two layer norms, four GEMMs
 (QKV, attention output, MLP in, MLP out), the attention core (one fused flash kernel, or batched
-QK^T, the fused scale-mask-softmax, dropout and PV: four), the activation, two bias-dropout-add
+QK^T, the fused scale-mask-softmax, dropout and PV: four; eager, QK^T, scale, mask multiply,
+mask subtract, softmax, dropout and PV: seven), the activation, two bias-dropout-add
 residuals and two layout copies of q/k/v (split heads, transpose); one collective per tensor-parallel
 all-reduce (two per forward, a T5 decoder three) or, with sequence parallelism, one all-gather and
 one reduce-scatter each. A T5 decoder block adds its cross-attention (one layer norm, two GEMMs, the
@@ -53,7 +54,7 @@ class HostCosts:
 
 def forward_kernels(*, decoder: bool, tensor: int, attention: str) -> int:
     """Kernels one block's forward launches (see the module docstring for the count)."""
-    core = 1 if attention == "flash" else 4
+    core = {"flash": 1, "unfused": 4, "eager": 7}[attention]
     n = 2 + 4 + core + 1 + 2 + 2
     collectives = (3 if decoder else 2) if tensor > 1 else 0
     if decoder:

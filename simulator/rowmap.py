@@ -93,7 +93,7 @@ _SETTING_CHECKS = {
     "sequence_parallel": ("bool", None), "overlap_grad_reduce": ("bool", None),
     "overlap_param_gather": ("bool", None), "inter_node_gbps": ("number", None),
     "tp_comm_overlap": ("bool", None),
-    "exclude": ("bool", None), "attention": ("choice", ("flash", "unfused")),
+    "exclude": ("bool", None), "attention": ("choice", ("flash", "unfused", "eager")),
     "framework": ("choice", FRAMEWORKS), "launch_blocking": ("bool", None),
 }
 
