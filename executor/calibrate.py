@@ -89,6 +89,7 @@ class Calibrated:
     p2p: list[list[float]]                 # [[bytes, one-way s], ...]; empty for one process
     allreduce: list[list[float]]           # [[bytes per rank, s], ...]
     link: LinkFit | None
+    op_dispatch_s: float = 0.0             # host seconds to issue one op (microbench.op_dispatch)
 
     def best_flops(self, precision: str) -> float:
         return max(rate for *_, rate in self.matmul[precision])
@@ -236,7 +237,8 @@ def combine(machine: Machine, ranks: list[dict]) -> Calibrated:
                       attention=attention,
                       op_floor_s=min(sum(r["op_floor_s"] for r in ranks) / len(ranks), fastest),
                       p2p=p2p, allreduce=allreduce,
-                      link=fit_link(p2p, allreduce, machine.processes) if p2p else None)
+                      link=fit_link(p2p, allreduce, machine.processes) if p2p else None,
+                      op_dispatch_s=sum(r.get("op_dispatch_s", 0.0) for r in ranks) / len(ranks))
 
 
 def fit_link(p2p: list[list[float]], allreduce: list[list[float]], world: int) -> LinkFit:

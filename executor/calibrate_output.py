@@ -80,6 +80,8 @@ def calibration_document(c: Calibrated) -> dict[str, Any]:
            "attention_forward_efficiency": _r(fwd), "attention_backward_efficiency": _r(bwd),
            "kernel_floor_us": _r(c.op_floor_s * 1e6), "source": src}
     doc: dict[str, Any] = {"source": src, "gpus": {c.machine.gpu_name: gpu}}
+    if c.op_dispatch_s > 0:
+        doc["host"] = {"op_dispatch_us": _r(c.op_dispatch_s * 1e6), "source": src}
     if c.link is not None:
         k = c.link
         doc["tiers"] = {"local": {"efficiency": 1.0, "step_latency_us": _r(k.step_latency_s * 1e6),

@@ -67,7 +67,8 @@ def measure(plan: Plan, rank: int, world: int) -> dict:
               "elementwise": elementwise_times(plan.elementwise_tokens, plan.elementwise_hidden,
                                                device, plan),
               "attention": attention_times(plan.attention_shape, device, plan),
-              "op_floor_s": op_floor(device, plan)}
+              "op_floor_s": op_floor(device, plan),
+              "op_dispatch_s": op_dispatch(device, plan)}
     _barrier()
     if world > 1:
         result["p2p"] = p2p_times(plan.message_bytes, rank, device, plan)
@@ -182,6 +183,25 @@ def op_floor(device: torch.device, plan: Plan) -> float:
     x = torch.randn(1, 8, device=device)
     w = torch.randn(8, 8, device=device, requires_grad=True)
     return time_call(lambda: x @ w, device, plan)
+
+
+def op_dispatch(device: torch.device, plan: Plan) -> float:
+    """Host seconds to issue the op of `op_floor` without waiting for it: the Python, dispatcher
+    and autograd work (and, on CUDA, the launch) that the host must do before the device can run
+    the op. On a CPU device the op runs inside the call, so this is the op's time."""
+    x = torch.randn(1, 8, device=device)
+    w = torch.randn(8, 8, device=device, requires_grad=True)
+    calls = max(1, math.ceil(plan.min_s / _one_call(lambda: x @ w, device, plan.min_s)))
+    calls = min(calls, 512)            # stay well inside a CUDA launch queue (1,024 entries)
+    times = []
+    for _ in range(plan.repeats):
+        _sync(device)
+        start = time.perf_counter()
+        for _ in range(calls):
+            x @ w
+        times.append((time.perf_counter() - start) / calls)
+        _sync(device)
+    return statistics.median(times)
 
 
 # ---------------------------------------------------------------- between processes

@@ -27,8 +27,8 @@ DIM_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_
 MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
-                 "framework")
-ATTENTION = ("flash", "unfused")
+                 "framework", "launch_blocking")
+ATTENTION = ("flash", "unfused", "eager")
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
@@ -72,7 +72,9 @@ class TrainingSpec:
     recompute: str = "none"
     optimizer: str = "adam"
     attention: str = "flash"        # flash (fused, scores never stored) | unfused (stored scores)
+                                    # | eager (stored scores, scale/mask/softmax/dropout unfused)
     framework: str = "megatron"     # megatron (Megatron-LM/-Core, NeMo) | deepspeed | fsdp (torch FSDP)
+    launch_blocking: bool = False   # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the kernel
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,8 @@ class Scenario:
             out["training"]["attention"] = t.attention
         if t.framework != "megatron":
             out["training"]["framework"] = t.framework
+        if t.launch_blocking:
+            out["training"]["launch_blocking"] = True
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -279,7 +283,8 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         recompute=c.choice("recompute", RECOMPUTE, "none"),
                         optimizer=c.choice("optimizer", OPTIMIZERS, "adam"),
                         attention=c.choice("attention", ATTENTION, "flash"),
-                        framework=c.choice("framework", FRAMEWORKS, "megatron"))
+                        framework=c.choice("framework", FRAMEWORKS, "megatron"),
+                        launch_blocking=c.bool("launch_blocking", False))
 
 
 def _parse_parallel(c: Checker) -> ParallelSpec:

@@ -79,8 +79,11 @@ def point_scenario(scenario, catalog, nodes: int, grad_reduce: str, *, fixed_bat
     if batch % (t.micro_batch * data):
         raise PartitaError(f"global batch {batch} is not a multiple of micro-batch "
                            f"{t.micro_batch} x data {data}")
+    # A named all-reduce exists only without a sharded optimizer (ZeRO 1/2 reduce-scatter, ZeRO 3
+    # per block): the comparison of algorithms runs at ZeRO 0; `auto` keeps the scenario's ZeRO.
+    zero = p.zero if grad_reduce == "auto" else 0
     return replace(scenario, cluster=cluster, training=replace(t, global_batch=batch),
-                   parallel=replace(p, data=data, grad_reduce=grad_reduce))
+                   parallel=replace(p, data=data, grad_reduce=grad_reduce, zero=zero))
 
 
 def sweep(scenario, catalog, nodes: Sequence[int], grad_reduce: Sequence[str], *,
@@ -113,11 +116,13 @@ def scaling_table(points: Sequence[ScalingPoint]) -> pd.DataFrame:
     for pt in points:
         r = pt.result
         row = {"grad_reduce": pt.grad_reduce, "nodes": pt.nodes, "gpus": None, "data": None,
+               "zero": None,
                "global_batch": None, "step_time_s": None, "tokens_per_s": None, "mfu": None,
                "pp_comm_s": None, "bubble_s": None, "dp_comm_s": None, "peak_memory_gib": None, "scaling_efficiency": None,
                "error": pt.error}
         if pt.scenario is not None:
-            row.update(data=pt.scenario.parallel.data, global_batch=pt.scenario.training.global_batch)
+            row.update(data=pt.scenario.parallel.data, zero=pt.scenario.parallel.zero,
+                       global_batch=pt.scenario.training.global_batch)
         if r is not None:
             base.setdefault(pt.grad_reduce, (pt.nodes, r.tokens_per_s))
             n0, tps0 = base[pt.grad_reduce]
@@ -129,7 +134,8 @@ def scaling_table(points: Sequence[ScalingPoint]) -> pd.DataFrame:
                        scaling_efficiency=r.tokens_per_s / (tps0 * pt.nodes / n0))
         rows.append(row)
     frame = pd.DataFrame(rows)
-    return frame.astype({"gpus": "Int64", "data": "Int64", "global_batch": "Int64"})
+    return frame.astype({"gpus": "Int64", "data": "Int64", "zero": "Int64",
+                         "global_batch": "Int64"})
 
 
 FORMATS = {"step_time_s": ".4f", "tokens_per_s": ".1f", "mfu": ".3f", "dp_comm_s": ".4f",
@@ -194,10 +200,11 @@ def scaling_report(scenario, points: Sequence[ScalingPoint], *, system: str,
             f"copy, data parallelism filling the nodes ({mode}). Efficiency is each curve's tokens/s "
             "over linear scaling from its smallest simulated node count."]
     text += _findings(frame)
-    if p.zero >= 1 and len(set(g for g in frame["grad_reduce"])) > 1:
-        text.append(f"With ZeRO-{p.zero} the gradients are reduce-scattered (a ring, as NCCL runs "
-                    "it) whatever the reduction named, so the curves coincide; set zero: 0 to "
-                    "compare all-reduce algorithms.")
+    if p.zero >= 1 and any(g != "auto" for g in frame["grad_reduce"]):
+        text.append(f"The scenario shards its optimizer (ZeRO-{p.zero}), whose gradients are "
+                    "reduce-scattered whatever all-reduce is named; the named reductions are "
+                    "therefore compared at ZeRO 0 (column zero), where each is the algorithm "
+                    "that runs, and `auto` keeps the scenario's ZeRO stage.")
     text.append("The table lists the pipeline-communication and bubble seconds of the critical "
                 "rank: where the pipeline's stages land on different nodes their sends cross the "
                 "inter-node network.")

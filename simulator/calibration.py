@@ -53,7 +53,8 @@ TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6),
                "base_latency_us": ("base_latency_s", 1e-6),
                "half_bandwidth_mb": ("half_bandwidth_bytes", MB)}
 TIER_REQUIRED = ("efficiency", "step_latency_us", "base_latency_us", "half_bandwidth_mb")
-MEMORY_KEYS = ("cuda_context_gib", "communication_buffers_gib", "fragmentation_fraction",
+MEMORY_KEYS = ("usable_memory_gib", "cuda_context_gib", "communication_buffers_gib",
+               "fragmentation_fraction",
                "framework_buffers_gib", "source", "notes")
 
 
@@ -125,6 +126,12 @@ class MemoryCalibration:
     source: tuple[str, ...] = ()
     # Buffers a training framework allocates besides the model's tensors, by framework name.
     framework_buffers_bytes: dict[str, float] = field(default_factory=dict, hash=False)
+    # What CUDA reports as the device's total memory, by catalog GPU name, where a source measured
+    # it below the catalog's capacity label (driver and ECC reserve); others: the label.
+    usable_memory_bytes: dict[str, float] = field(default_factory=dict, hash=False)
+
+    def usable_bytes(self, gpu_name: str, nominal_bytes: float) -> float:
+        return self.usable_memory_bytes.get(gpu_name, nominal_bytes)
 
     def reserve_bytes(self, allocated_bytes: float, framework: str = "megatron") -> float:
         return (self.cuda_context_bytes + self.communication_buffers_bytes
@@ -139,6 +146,9 @@ class Calibration:
     tiers: dict[str, TierCalibration] = field(hash=False)
     memory: MemoryCalibration
     files: tuple[str, ...] = ()
+    # Host seconds to issue one autograd-recorded op on the machine `partita calibrate` measured
+    # (`host: {op_dispatch_us}` of its overlay); None where none was measured.
+    local_op_dispatch_s: float | None = None
 
     def gpu(self, name: str) -> GpuCalibration:
         """The GPU's calibration; a GPU without data gets the default curves under its own name."""
@@ -180,7 +190,7 @@ def load_calibration(extra: str | Path | None = None, *, include_local: bool = T
 
 @lru_cache(maxsize=8)
 def _load(stamps: tuple[tuple[str, int], ...]) -> Calibration:
-    merged: dict[str, Any] = {"default": {}, "gpus": {}, "tiers": {}, "memory": {}}
+    merged: dict[str, Any] = {"default": {}, "gpus": {}, "tiers": {}, "memory": {}, "host": {}}
     first_seen: dict[tuple[str, str], str] = {}
     for path, _ in stamps:
         part = _parse_file(path, shipped_memory=Path(path) == CALIBRATION_DIR / "memory.yaml")
@@ -214,7 +224,7 @@ def _parse_file(path: str, shipped_memory: bool) -> dict[str, Any]:
     top = Checker(doc, "", path)
     if shipped_memory:                      # memory.yaml holds the memory keys at the top level
         return {"memory": _parse_memory(top)}
-    top.only(("default", "gpus", "tiers", "memory", "source", "notes"))
+    top.only(("default", "gpus", "tiers", "memory", "host", "source", "notes"))
     out: dict[str, Any] = {}
     if top.has("default"):
         out["default"] = _parse_gpu(top.sub("default"), DEFAULT_KEYS)
@@ -226,6 +236,10 @@ def _parse_file(path: str, shipped_memory: bool) -> dict[str, Any]:
         out["tiers"] = {str(name): _parse_tier(tiers.sub(str(name))) for name in tiers.mapping}
     if top.has("memory"):
         out["memory"] = _parse_memory(top.sub("memory"))
+    if top.has("host"):
+        host = top.sub("host")
+        host.only(("op_dispatch_us", "source"))
+        out["host"] = {"op_dispatch_s": host.number("op_dispatch_us", positive=False) * 1e-6}
     return out
 
 
@@ -310,6 +324,9 @@ def _parse_memory(c: Checker) -> dict[str, Any]:
         sub.only(FRAMEWORKS)
         out["framework_buffers_bytes"] = {name: sub.number(name, positive=False) * GIB
                                           for name in sub.mapping}
+    if c.has("usable_memory_gib"):
+        sub = c.sub("usable_memory_gib")
+        out["usable_memory_bytes"] = {str(name): sub.number(name) * GIB for name in sub.mapping}
     if c.has("source"):
         out["source"] = _strings(c, "source")
     return out
@@ -379,8 +396,10 @@ def _build(merged: dict[str, Any], first_seen: dict[tuple[str, str], str],
              for name, value in merged["tiers"].items()}
     memory = MemoryCalibration(m["cuda_context_bytes"], m["communication_buffers_bytes"],
                                m["fragmentation_fraction"], tuple(m.get("source", ())),
-                               dict(m.get("framework_buffers_bytes", {})))
-    return Calibration(gpus, default, tiers, memory, files)
+                               dict(m.get("framework_buffers_bytes", {})),
+                               dict(m.get("usable_memory_bytes", {})))
+    return Calibration(gpus, default, tiers, memory, files,
+                       merged["host"].get("op_dispatch_s"))
 
 
 def _require(values: dict[str, Any], keys: tuple[str, ...], where: str) -> None:

@@ -162,13 +162,18 @@ def _block_attention_flops(dims: TransformerDims, micro_batch: int, tp: int,
 
 
 def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int, precision: str,
-                       gpu: GPU, g: GpuCalibration) -> tuple[float, float]:
+                       gpu: GPU, g: GpuCalibration, eager: bool = False) -> tuple[float, float]:
     """Forward and backward seconds of attention with a stored score matrix (no causal skip).
 
     QK^T and PV run as batched GEMMs (stacked here: same FLOPs, one launch); the scores
     (b * heads/tp * s_q * s_kv elements) are written by QK^T, read and written by the fused
     scale-mask-softmax, read and written by dropout (plus a 1-byte mask), and read by PV.
     Backward: two GEMMs per forward GEMM, dropout and softmax backward over the same elements.
+    `eager`: the scale, the mask and the softmax are separate kernels, as Megatron-LM's GPT-2
+    attention ran them before its fused softmax (mpu/transformer.py, 2019: scores / sqrt(hn);
+    torch.mul(scores, ltor_mask) - 10000.0 * (1.0 - ltor_mask); Softmax; dropout): forward
+    2e + 2e + 2e + 2e + (2e + 1) bytes per score, backward dropout (2e + 1), softmax (3e), the
+    mask's multiply (2e) and the scale (2e); the subtraction of a constant passes its gradient.
     """
     q_heads, _ = _heads(dims, tp)
     s_q, s_kv, hd = dims.seq_len // cp, dims.seq_len, dims.head_dim
@@ -176,9 +181,13 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
     e = element_bytes(precision)
     scores = float(rows * s_kv)
     fwd = _gemm(rows, s_kv, hd, gpu, precision, g) + _gemm(rows, hd, s_kv, gpu, precision, g)
-    fwd += _elementwise(scores * (2 * e + 2 * e + 1), gpu, g)
     bwd = 2 * _gemm(rows, s_kv, hd, gpu, precision, g) + 2 * _gemm(rows, hd, s_kv, gpu, precision, g)
-    bwd += _elementwise(scores * (3 * e + 1 + 3 * e), gpu, g)
+    if eager:
+        fwd += sum(_elementwise(scores * b, gpu, g) for b in (2 * e, 2 * e, 2 * e, 2 * e, 2 * e + 1))
+        bwd += sum(_elementwise(scores * b, gpu, g) for b in (2 * e + 1, 3 * e, 2 * e, 2 * e))
+    else:
+        fwd += _elementwise(scores * (2 * e + 2 * e + 1), gpu, g)
+        bwd += _elementwise(scores * (3 * e + 1 + 3 * e), gpu, g)
     return fwd, bwd
 
 
@@ -191,7 +200,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
 
     attention "flash": one fused kernel that never stores the scores (Dao et al. 2022);
     "unfused": two batched GEMMs around a stored score matrix with a fused scale-mask-softmax and
-    dropout (Megatron-LM before flash attention; Korthikanti et al. 2022, Sec. 4.1)."""
+    dropout (Megatron-LM before flash attention; Korthikanti et al. 2022, Sec. 4.1); "eager": the
+    same with the scale, mask and softmax as separate kernels (Megatron-LM 2019)."""
     if recompute not in RECOMPUTE:
         raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
                            f"got {recompute!r}")
@@ -202,10 +212,11 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
         gemm_i += _gemm(gm.m, gm.k, gm.n, gpu, precision, g)     # dX = dY @ W^T
         gemm_w += _gemm(gm.k, gm.n, gm.m, gpu, precision, g)     # dW = X^T @ dY
     causal = dims.arch in ("gpt", "llama") or decoder
-    if attention == "unfused":
-        attn_f, attn_b = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g)
+    if attention in ("unfused", "eager"):
+        eager = attention == "eager"
+        attn_f, attn_b = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager)
         if decoder:
-            f2, b2 = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g)
+            f2, b2 = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager)
             attn_f, attn_b = attn_f + f2, attn_b + b2
     else:
         flops = _block_attention_flops(dims, micro_batch, tp, cp)
@@ -242,6 +253,26 @@ def embedding_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, 
     return LayerTimes(fwd, bwd, 0.0, bwd, 0.0, {"elementwise_fwd": fwd, "elementwise_bwd": bwd})
 
 
+def loss_forward_bytes(e: int) -> tuple[float, ...]:
+    """Bytes per logit element of each memory-bound kernel of the vocab-parallel cross-entropy
+    forward, as Megatron-LM runs it (megatron/core/tensor_parallel/cross_entropy.py,
+    VocabParallelCrossEntropy): logits.float() (read e, write 4), max over the vocab (read 4),
+    in-place subtract of the max (read 4, write 4), exp in place (4 + 4), sum (4), in-place divide
+    to the softmax kept for backward (4 + 4): e + 36 bytes in six kernels.
+    PyTorch's F.cross_entropy under autocast (FSDP, nanoGPT) moves the same in all, split
+    differently: forward the fp32 cast (e + 4) and log_softmax's max, sum-of-exp and write passes
+    (4 + 4 + 8): e + 20; backward the nll gradient (write 4), log_softmax backward (sum of the
+    gradient 4, then read 4 + 4, write 4) and the cast back (4 + e): 28 + e. Both total 48 + 2e."""
+    return (e + 4.0, 4.0, 8.0, 8.0, 4.0, 8.0)
+
+
+def loss_backward_bytes(e: int) -> tuple[float, ...]:
+    """Bytes per logit element of the cross-entropy backward (same file,
+    calculate_gradients): the one-hot update is a gather (negligible), grad_input.mul_(grad_output)
+    reads and writes fp32 (8), and the backward of .float() casts to the activation dtype (4 + e)."""
+    return (8.0, 4.0 + e)
+
+
 def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
                precision: str, gpu: GPU, cal: Calibration) -> LayerTimes:
     """Final norm, LM head GEMM (vocab split over tp) and the cross-entropy loss (fp32)."""
@@ -254,12 +285,11 @@ def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: i
     gemm_w = _gemm(dims.hidden, vocab_local, tokens, gpu, precision, g)
     norm_tokens = tokens / tp if sp else tokens
     norm = 2 * e * norm_tokens * dims.hidden
-    # Loss: upcast the logits to fp32, max, exp, sum (about 3 fp32 passes); backward writes
-    # softmax - one_hot back at the activation precision.
-    loss_f = tokens * vocab_local * (e + 3 * 4)
-    loss_b = tokens * vocab_local * (4 + e)
-    ew_f = _elementwise(norm, gpu, g) + _elementwise(loss_f, gpu, g)
-    ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * norm, gpu, g) + _elementwise(loss_b, gpu, g)
+    logits = tokens * vocab_local
+    ew_f = _elementwise(norm, gpu, g) + sum(_elementwise(logits * b, gpu, g)
+                                            for b in loss_forward_bytes(e))
+    ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * norm, gpu, g) + sum(
+        _elementwise(logits * b, gpu, g) for b in loss_backward_bytes(e))
     bwd_input = gemm_i + ew_b
     parts = {"gemm_fwd": gemm_f, "elementwise_fwd": ew_f, "gemm_bwd_input": gemm_i,
              "gemm_bwd_weight": gemm_w, "elementwise_bwd": ew_b}

@@ -52,7 +52,14 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
         system.gpu.peak(scenario.training.precision)
     except PartitaError as exc:
         raise PartitaError(f"{where}training.precision: {exc}") from None
-    dims = scenario.model.resolve()
+    spec = scenario.model
+    if getattr(spec, "hf_config", None) is not None and getattr(spec, "seq_len", None) is None:
+        positions = next((spec.hf_config[k] for k in ("max_position_embeddings", "n_positions",
+                                                      "n_ctx") if k in spec.hf_config), None)
+        raise PartitaError(f"{where}model.seq_len: required with hf_config (the config gives the "
+                           f"longest sequence the model supports, {positions}, not the one a run "
+                           "trains on); add model.seq_len, e.g. seq_len: 4096")
+    dims = spec.resolve()
     check_plan(scenario, gpus, dims)
     profile = None
     if dims is None:                      # a torch module: cost it from its meta-device profile
@@ -62,6 +69,11 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
     p = with_default_stages(scenario.parallel, dims)     # uneven layer counts: balanced split
     if p is not scenario.parallel:
         scenario = scenario.with_parallel(p)
+    if p.zero >= 1 and p.grad_reduce != "auto":
+        raise PartitaError(f"{where}parallel.grad_reduce: {p.grad_reduce!r} chooses the all-reduce "
+                           f"of ZeRO 0, but zero is {p.zero}: ZeRO 1/2 reduce-scatter the gradients "
+                           "(a ring, as NCCL runs it) and ZeRO 3 per block; set grad_reduce: auto "
+                           "or zero: 0")
     placement = Placement(p.tensor, p.context, p.data, p.pipeline,
                           min(system.gpus_per_node, gpus))
     return StepContext(scenario=scenario, system=system, gpus=gpus, dims=dims, parallel=p,

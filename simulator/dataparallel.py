@@ -125,3 +125,35 @@ def optimizer_time(ctx: StepContext, cal) -> float:
     gpu = ctx.system.gpu
     eff = cal.gpu(gpu.name).memory_efficiency(nbytes)
     return nbytes / (gpu.memory_bandwidth_bytes_per_s * eff)
+
+
+# Small all-reduces every step makes outside the gradient reduction (Megatron-LM
+# megatron/core/optimizer/clip_grads.py `get_grad_norm_fp32`: the squared norm summed over the
+# model-parallel group; the loss averaged over data parallelism for logging;
+# fp16's found-inf check in the same group as the norm): latency-bound, 4 bytes each.
+STEP_SCALARS = {"grad_norm": "model", "loss": "data", "found_inf": "model"}
+
+
+def step_sync_time(ctx: StepContext, topo: Topology) -> dict[str, float]:
+    """Seconds of the step's synchronisations between the gradient reduction and the update.
+
+    - `embedding_sync`: with a tied input embedding and LM head on different pipeline stages, the
+      two copies' gradients are all-reduced between the first and last stage after the backward
+      (Megatron-LM `_allreduce_embedding_grads`, Shoeybi et al. 2019 Sec. 3; Narayanan et al. 2021
+      Sec. 2.2): vocab / tp x hidden gradient elements over a group of two ranks, one per stage.
+    - `step_sync`: the scalar all-reduces of STEP_SCALARS (norm, loss, found-inf)."""
+    d, p, t = ctx.dims, ctx.parallel, ctx.training
+    out = {"embedding_sync": 0.0, "step_sync": 0.0}
+    if p.pipeline > 1 and ctx.profile is None and d is not None and d.tie_embeddings:
+        nbytes = d.vocab / p.tensor * d.hidden * grad_bytes(t.precision)
+        same_node = ctx.placement.gpus <= ctx.placement.gpus_per_node
+        out["embedding_sync"] = collective("allreduce", "ring", nbytes,
+                                           Group(2, 2 if same_node else 1), topo)
+    model = p.tensor * p.pipeline * p.context
+    groups = {"model": Group.from_stride(model, 1, ctx.placement.gpus_per_node) if model > 1 else None,
+              "data": _dp_group(ctx) if p.data > 1 else None}
+    for scalar, which in STEP_SCALARS.items():
+        if groups[which] is None or (scalar == "found_inf" and t.precision != "fp16"):
+            continue
+        out["step_sync"] += collective("allreduce", "auto", 4.0, groups[which], topo)
+    return out

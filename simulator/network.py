@@ -328,7 +328,15 @@ def parameter_server(nbytes: float, group: Group, topo: Topology) -> float:
     """SageMaker data parallel (Herring, SC20): reduce inside the node, shard the node's fusion
     buffer over one server per node (on the nodes' CPUs), push shard i to server i and pull the
     reduced shard back: 2 network hops whatever the node count; then broadcast inside the node.
-    The GPU-host copies over PCIe are pipelined with the network (balanced fusion buffers)."""
+    The GPU-host copies over PCIe are pipelined with the network (balanced fusion buffers).
+
+    Against `hierarchical_allreduce` the design changes the hops, not the bytes: each node's NICs
+    carry (k-1)/k of the buffer out and in for the push, and again for the pull, 2(k-1)/k in all,
+    what the NVLS tree's inter-node all-reduce of the node's shards carries too (Thangakrishnan et
+    al. 2020, "Herring", Sec. 3: every worker sends and receives its gradients once). So at
+    bandwidth-bound sizes the two are equal (the 0.1% of #16); the parameter server saves latency,
+    2 network hops against 2(k-1), which shows for small buffers on many nodes, and adds the PCIe
+    copies to the CPU servers, which bind where PCIe is slower than the NIC share."""
     single = _within_one_node(nbytes, group, topo)
     if single is not None:
         return single

@@ -5,7 +5,8 @@ activation of F(s-1, mb) (its finish plus the transfer), B or I(s, mb) for the g
 I(s+1, mb); the last stage's backward follows its own F, W follows its own I, stage 0's F waits for
 nothing. A finished F or B/I hands its tensor to the next stage at once when that stage is on the
 same rank, or else queues a transfer on the sending rank's send lane, so sending never blocks
-compute.
+compute (unless the costs say sends block, as DeepSpeed's pipeline engine's do: then the rank's
+next compute action waits for its send to finish).
 
 [Note: transfers] A rank's outgoing transfers are served one at a time in the order its compute
 produced them (a GPU's NVLink or NIC egress is shared by all its peers: two concurrent sends at
@@ -46,6 +47,10 @@ class PipelineCosts:
     `backward_weight_s` is the W part of the full backward B; I = B - W. Boundary k sits between
     stages k and k+1: `activation_s[k]` moves F's output from k to k+1, `gradient_s[k]` moves the
     input gradient from k+1 back to k, and `same_node[k]` says whether the two ranks share a node.
+    `blocking_sends`: a send holds the sending rank's compute lane until it completes, as
+    DeepSpeed's pipeline engine sends (deepspeed/runtime/pipe/p2p.py: `send(..., async_op=False)`
+    asserts async_op is False and calls the synchronous dist.send, or dist.broadcast before
+    torch 1.8), so the next compute action waits for the transfer.
     """
     forward_s: tuple[float, ...]
     backward_s: tuple[float, ...]
@@ -53,6 +58,7 @@ class PipelineCosts:
     activation_s: tuple[float, ...]
     gradient_s: tuple[float, ...]
     same_node: tuple[bool, ...]
+    blocking_sends: bool = False
 
     def __post_init__(self) -> None:
         stages = len(self.forward_s)
@@ -237,6 +243,7 @@ class _Run:
         self.last_bwd = [0.0] * self.stages
         self.spans: list[Span] = []
         self.activation_s, self.gradient_s = costs.activation_s, costs.gradient_s
+        self.blocking = costs.blocking_sends
         self.loop = EventLoop()
 
     def go(self) -> None:
@@ -317,6 +324,8 @@ class _Run:
         t1 = t0 + dur
         self.send_free[r] = t1
         self.send_busy[r] += dur
+        if self.blocking and t1 > self.lane_free[r]:
+            self.lane_free[r] = t1                    # a synchronous send holds the compute lane
         if self.trace and dur > 0:
             kind = "SEND_F" if forward else "SEND_B"
             self.spans.append(Span(r, "send", f"{s}{kind}{mb}", t0, t1, self._link_cat(boundary)))

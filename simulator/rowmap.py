@@ -95,8 +95,8 @@ _SETTING_CHECKS = {
     "sequence_parallel": ("bool", None), "overlap_grad_reduce": ("bool", None),
     "overlap_param_gather": ("bool", None), "inter_node_gbps": ("number", None),
     "tp_comm_overlap": ("bool", None),
-    "exclude": ("bool", None), "attention": ("choice", ("flash", "unfused")),
-    "framework": ("choice", FRAMEWORKS),
+    "exclude": ("bool", None), "attention": ("choice", ("flash", "unfused", "eager")),
+    "framework": ("choice", FRAMEWORKS), "launch_blocking": ("bool", None),
 }
 
 
@@ -216,6 +216,8 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
                 "precision": cells.precision(row, rules, system, notes),
                 "recompute": cells.recompute(row, rules, notes)}
     training["framework"] = cells.framework(row, rules, notes)
+    if rules.value(row, "launch_blocking", notes):
+        training["launch_blocking"] = True
     attention = rules.value(row, "attention", notes)
     if attention is not None:
         training["attention"] = attention

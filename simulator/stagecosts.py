@@ -22,6 +22,7 @@ from partita.planner.stages import chunk_ranges
 from partita.simulator.compute import (LayerTimes, element_bytes, elementwise_time, embedding_times,
                                head_times, layer_times)
 from partita.simulator.context import StepContext
+from partita.simulator.host import BACKWARD_KERNELS_PER_FORWARD, HostCosts, forward_kernels
 from partita.simulator.memory import block_parameter_tensors, block_parameters, chunk_blocks
 from partita.simulator.network import Group, Topology, collective, cp_ring_time, p2p
 from partita.simulator.overheads import Overheads
@@ -74,7 +75,8 @@ def sustained(lt: LayerTimes, oh: Overheads, gpu_name: str, precision: str,
                       lt.bwd_input_s + extra_i, lt.bwd_weight_s + extra_w, recompute, lt.parts)
 
 
-def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder: bool) -> BlockCost:
+def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder: bool,
+               host: HostCosts = HostCosts()) -> BlockCost:
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     gpu = ctx.system.gpu
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
@@ -120,7 +122,22 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
     if p.zero >= 3 and p.data * p.context > 1:
         fwd, bwd, bwd_w = _fsdp(ctx, topo, oh, decoder, fwd, bwd, bwd_w, parts,
                                 copy_s=lambda nbytes: elementwise_time(2 * nbytes, gpu, cal))
+    fwd, bwd, bwd_w = _host(ctx, host, decoder, fwd, bwd, bwd_w, parts)
     return BlockCost(fwd, bwd, bwd_w, parts)
+
+
+def _host(ctx: StepContext, host: HostCosts, decoder: bool, fwd: float, bwd: float, bwd_w: float,
+          parts: dict[str, float]) -> tuple[float, float, float]:
+    """A block pass's host time (dispatch and launch per kernel, `simulator.host`) where it is
+    exposed: beyond the device time, or all of it when launches block."""
+    t, p = ctx.training, ctx.parallel
+    kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention)
+    kb = BACKWARD_KERNELS_PER_FORWARD * kf + (kf if t.recompute == "full" else 0)
+    hf = host.exposed(fwd, kf, t.launch_blocking)
+    hb = host.exposed(bwd, kb, t.launch_blocking)
+    _add(parts, "host", hf + hb)
+    new_b = bwd + hb
+    return fwd + hf, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
 
 
 def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: float, bwd: float,
@@ -175,13 +192,14 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     return new_f, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
 
 
-def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads) -> list[ChunkCost]:
+def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads,
+                host: HostCosts = HostCosts()) -> list[ChunkCost]:
     if ctx.profile is not None:
         from partita.simulator import profiled
         return profiled.chunk_costs(ctx, cal, oh)
     d, p, t = ctx.dims, ctx.parallel, ctx.training
-    enc = block_cost(ctx, topo, cal, oh, decoder=False)
-    dec = block_cost(ctx, topo, cal, oh, decoder=True) if d.arch == "t5" else None
+    enc = block_cost(ctx, topo, cal, oh, decoder=False, host=host)
+    dec = block_cost(ctx, topo, cal, oh, decoder=True, host=host) if d.arch == "t5" else None
     gpu = ctx.system.gpu
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
@@ -203,8 +221,36 @@ def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads) -> list[Ch
             if present:
                 f, bw, w = f + extra.fwd_s, bw + extra.bwd_s, w + extra.bwd_weight_s
                 parts["compute"] = parts.get("compute", 0.0) + extra.fwd_s + extra.bwd_s
+        hp = _hp_grad_update(ctx, cal, n_enc, n_dec, i == 0 or i == len(ranges) - 1)
+        if hp:
+            bw, w = bw + hp, w + hp
+            _add(parts, "hp_grad_update", hp)
         out.append(ChunkCost(f, bw, w, parts))
     return out
+
+
+# DeepSpeed's BF16_Optimizer adds every micro-batch's bf16 gradients into fp32 gradient buffers
+# right after that micro-batch's backward (runtime/pipe/engine.py `_exec_backward_pass` calls
+# `optimizer.update_hp_grads()` when bf16 is on; runtime/bf16_optimizer.py, per parameter tensor:
+# `hp_grad.data.add_(lp.grad.data.to(hp_grad.dtype))`): a cast kernel (read 2, write 4 bytes per
+# parameter) and an add kernel (read 4 + 4, write 4).
+HP_GRAD_KERNEL_BYTES = (6.0, 12.0)
+
+
+def _hp_grad_update(ctx: StepContext, cal, n_enc: int, n_dec: int, has_table: bool) -> float:
+    """Seconds per micro-batch of DeepSpeed's bf16 gradient accumulation into fp32 on one chunk:
+    DeepSpeed's pipeline engine (pipeline > 1) under bf16 with ZeRO 0 or 1 (the BF16_Optimizer;
+    ZeRO 2 and 3 accumulate in their own partitioned buffers)."""
+    p, t, d = ctx.parallel, ctx.training, ctx.dims
+    if t.framework != "deepspeed" or t.precision != "bf16" or p.pipeline < 2 or p.zero > 1:
+        return 0.0
+    tensors = [n / p.tensor for n in block_parameter_tensors(d)] * n_enc
+    if n_dec:
+        tensors += [n / p.tensor for n in block_parameter_tensors(d, decoder=True)] * n_dec
+    if has_table:
+        tensors.append(d.vocab * d.hidden / p.tensor)
+    gpu = ctx.system.gpu
+    return sum(elementwise_time(n * b, gpu, cal) for n in tensors for b in HP_GRAD_KERNEL_BYTES)
 
 
 def boundary_bytes(ctx: StepContext, chunk: int) -> float:

@@ -9,7 +9,9 @@ The step is composed from the parts, each its own module:
    the event core, giving each rank's finish time, its busy time and each chunk's last backward.
 4. `dataparallel`: the gradient reduction (ring / tree / hierarchical / parameter server; ZeRO-1/2
    reduce-scatter + all-gather), started bucket by bucket as each chunk's last backward runs.
-5. the optimizer update (memory-bound: bytes touched per parameter over HBM bandwidth).
+5. the optimizer update (memory-bound: bytes touched per parameter over HBM bandwidth), after the
+   step's own synchronisations (`dataparallel.step_sync_time`: the tied-embedding gradient
+   all-reduce between the first and last pipeline stage, the gradient-norm and loss all-reduces).
 6. `memory.pipeline_memory`: per-rank memory with the activations actually in flight.
 Every rank of a data-parallel replica runs the same pipeline, so one pipeline is simulated.
 """
@@ -22,7 +24,9 @@ from partita.planner.schedule import build
 from partita.planner.stages import chunk_ranges
 from partita.simulator.calibration import load_calibration
 from partita.simulator.context import StepContext, resolve
-from partita.simulator.dataparallel import dp_finish_times, optimizer_time
+from partita.simulator.dataparallel import dp_finish_times, optimizer_time, step_sync_time
+from partita.simulator.host import HostCosts, load_host_costs
+from partita.simulator.interval import scenario_regime, step_time_interval
 from partita.simulator.memory import pipeline_memory
 from partita.simulator.network import build_topology
 from partita.simulator.overheads import Overheads, load_overheads
@@ -37,19 +41,22 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
              overheads=None) -> SimResult:
     ctx = resolve(scenario, catalog)
     cal = calibration if calibration is not None else load_calibration()
+    local = ctx.system.kind == "local"
     if overheads is not None:
         oh = overheads
-    elif ctx.system.kind == "local":
+    elif local:
         oh = Overheads()        # `partita calibrate` measured this machine as the executor runs it
     else:
         oh = load_overheads()
+    # On `local`, `partita calibrate` measured the host's dispatch per op (none measured: none).
+    host = HostCosts(op_dispatch_s=cal.local_op_dispatch_s or 0.0) if local else load_host_costs()
     topo = build_topology(ctx.system, cal)
-    chunks = chunk_costs(ctx, topo, cal, oh)
+    chunks = chunk_costs(ctx, topo, cal, oh, host)
     act, grad, same = p2p_costs(ctx, topo)
     p = ctx.parallel
     costs = PipelineCosts(tuple(c.forward_s for c in chunks), tuple(c.backward_s for c in chunks),
                           tuple(c.backward_weight_s for c in chunks), tuple(act), tuple(grad),
-                          tuple(same))
+                          tuple(same), blocking_sends=ctx.training.framework == "deepspeed")
     schedule = compiled_schedule(p.schedule, p.pipeline, ctx.microbatches, p.virtual_stages)
     timeline = simulate_pipeline(schedule, costs, trace=trace)
     # The fill and the drain each cross every chunk boundary once on the critical path
@@ -60,9 +67,9 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     dp_end, dp_spans = dp_finish_times(ctx, topo, cal, timeline, costs, rank_compute_end,
                                        oh.contention, trace=trace)
     opt_s = optimizer_time(ctx, cal)
-    overhead_s = oh.step_overhead_s
+    sync = step_sync_time(ctx, topo)
     critical = max(range(p.pipeline), key=lambda r: (dp_end[r], -r))
-    step = dp_end[critical] + opt_s + overhead_s
+    step = dp_end[critical] + sum(sync.values()) + opt_s + oh.step_overhead_s
     inflight = [float(x) / max(1, p.virtual_stages) for x in _inflight(timeline, p)]
     if ctx.profile is not None:
         from partita.simulator import profiled
@@ -73,9 +80,11 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     peak_rank = max(range(len(mem)), key=lambda r: (_total(mem[r]), -r))
     breakdown = _breakdown(ctx, chunks, timeline, critical, rank_compute_end, dp_end, opt_s,
                            critical_p2p)
-    breakdown["step_overhead"] = overhead_s
+    breakdown |= {k: v for k, v in sync.items() if v > 0}
+    if oh.step_overhead_s:
+        breakdown["step_overhead"] = oh.step_overhead_s
     spans = _spans(timeline, dp_spans, opt_s, dp_end, p.pipeline) if trace else ()
-    result = _result(ctx, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
+    result = _result(ctx, cal, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
     result.details.update(stage_details(ctx, mem))
     result.details["chunk_parts_s"] = [dict(c.parts) for c in chunks]   # per micro-batch, fwd+bwd
     return result
@@ -145,7 +154,8 @@ def stage_details(ctx: StepContext, mem) -> dict:
     return {"stage_layers": layers, "stage_memory_bytes": memory}
 
 
-def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak_rank) -> SimResult:
+def _result(ctx: StepContext, cal, step: float, timeline, breakdown, mem, spans,
+            peak_rank) -> SimResult:
     t = ctx.training
     gpu = ctx.system.gpu
     tokens = t.global_batch * ctx.seq_len
@@ -157,15 +167,20 @@ def _result(ctx: StepContext, step: float, timeline, breakdown, mem, spans, peak
     per_gpu = model_flops / step / ctx.gpus
     price = ctx.system.price.best_usd_per_hour
     nodes = -(-ctx.gpus // ctx.system.gpus_per_node)
+    band = step_time_interval(step, scenario_regime(t.framework, ctx.gpus,
+                                                    ctx.system.gpus_per_node))
     memory = {"parameters": int(mem.parameters), "gradients": int(mem.gradients),
               "optimizer": int(mem.optimizer), "activations": int(mem.activations),
               "other": int(mem.other)}
     return SimResult(
         step_time_s=step, tokens_per_s=tokens / step, samples_per_s=t.global_batch / step,
         tflops_per_gpu=per_gpu / 1e12, mfu=per_gpu / gpu.peak(t.precision),
-        peak_memory_bytes=int(sum(memory.values())), memory_capacity_bytes=gpu.memory_bytes,
+        peak_memory_bytes=int(sum(memory.values())),
+        memory_capacity_bytes=int(cal.memory.usable_bytes(gpu.name, gpu.memory_bytes)),
         bubble_fraction=timeline.bubble_fraction, breakdown_s=breakdown,
         memory_breakdown_bytes=memory, gpus=ctx.gpus, system=ctx.system.name,
         usd_per_hour=price * nodes if price is not None else None, spans=spans,
+        step_time_interval_s=(band.low_s, band.high_s) if band is not None else None,
+        interval_regime=band.regime if band is not None else "",
         details={"microbatches": ctx.microbatches, "nodes": nodes, "peak_memory_rank": peak_rank,
                  "model_flops_per_step": model_flops})

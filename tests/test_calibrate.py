@@ -186,3 +186,20 @@ def test_memory_curve_never_claims_a_measured_matmul_slower_than_it_ran(calibrat
             nbytes = (m * k + k * n + m * n) * element_bytes(precision)
             seconds = nbytes / (slow.memory_bytes_per_s * curve[nbytes])
             assert seconds < 2.0 * m * n * k / rate
+
+
+@pytest.mark.slow
+def test_host_dispatch_is_measured_and_read_back_for_local(calibrated):
+    """`partita calibrate` measures the host's time to issue one autograd-recorded op and writes it
+    to the overlay's `host` section; the simulator reads it for `local` (simulator/host.py)."""
+    from partita.executor.calibrate_output import calibration_document
+    from partita.simulator.calibration import load_calibration
+    home, report = calibrated
+    assert 0 < report["op_dispatch_s"] < 1e-2
+    doc = calibration_document(_calibrated_from(report))
+    assert doc["host"]["op_dispatch_us"] == pytest.approx(report["op_dispatch_s"] * 1e6, rel=1e-3)
+    path = home / "overlay.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump(doc))
+    cal = load_calibration(path, include_local=False)
+    assert cal.local_op_dispatch_s == pytest.approx(report["op_dispatch_s"], rel=1e-3)

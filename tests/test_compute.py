@@ -306,3 +306,17 @@ def test_missing_and_malformed_calibration_files(tmp_path):
     with pytest.raises(PartitaError, match="invalid YAML"):
         load_calibration(bad, include_local=False)
     assert math.isfinite(load_calibration(include_local=False).default.kernel_floor_s)
+
+
+def test_eager_attention_moves_each_score_through_every_unfused_kernel(flat):
+    """Megatron-LM 2019's attention (scale, mask multiply, mask subtract, softmax and dropout as
+    separate kernels) moves 10e + 1 bytes per score forward and 9e + 1 backward, the fused
+    scale-mask-softmax 4e + 1 and 6e + 1: the difference is memory time, the GEMMs are the same."""
+    gpu = make_gpu()
+    dims = preset_dims("gpt2-medium")
+    fused = layer_times(dims, 2, 1, False, 1, "bf16", "none", gpu, flat, attention="unfused")
+    eager = layer_times(dims, 2, 1, False, 1, "bf16", "none", gpu, flat, attention="eager")
+    scores = 2 * dims.heads * dims.seq_len ** 2
+    hbm = gpu.memory_bandwidth_bytes_per_s
+    assert eager.fwd_s - fused.fwd_s == pytest.approx(scores * (21 - 9) / hbm, rel=1e-9)
+    assert eager.bwd_s - fused.bwd_s == pytest.approx(scores * (19 - 13) / hbm, rel=1e-9)

@@ -170,6 +170,21 @@ def test_a_ranks_sends_queue_on_its_send_lane():
     assert starts["1F1"] == 4.0
 
 
+def test_blocking_sends_hold_the_compute_lane():
+    # DeepSpeed's synchronous send: 0F1 waits for the activation of 0F0 to leave ([1, 2.5]), so it
+    # runs [2.5, 3.5] and its own send [3.5, 5]; rank 1's 1F1 starts at 5 (4 when sends are async)
+    costs = PipelineCosts((1.0, 1.0), (1.0, 1.0), (0.5, 0.5), (1.5,), (0.0,), (True,),
+                          blocking_sends=True)
+    tl = simulate_pipeline(gpipe(2, 2), costs, trace=True)
+    sends = [(s.name, s.start_s, s.end_s) for s in tl.spans if s.lane == "send"]
+    assert sends == [("0SEND_F0", 1.0, 2.5), ("0SEND_F1", 3.5, 5.0)]
+    starts = {s.name: s.start_s for s in tl.spans if s.lane == "compute"}
+    assert starts["0F1"] == 2.5 and starts["1F1"] == 5.0
+    free = simulate_pipeline(gpipe(2, 2), PipelineCosts((1.0, 1.0), (1.0, 1.0), (0.5, 0.5), (1.5,),
+                                                        (0.0,), (True,)))
+    assert tl.makespan_s > free.makespan_s
+
+
 def test_single_rank_interleaving_has_no_transfers():
     costs = PipelineCosts.uniform(3, 1.0, 2.0, activation_s=9.0)
     tl = simulate_pipeline(interleaved_1f1b(1, 2, 3), costs, trace=True)

@@ -231,6 +231,32 @@ def test_framework_block_overhead_is_paid_on_every_block_pass_of_that_framework_
             assert y.backward_s - x.backward_s == pytest.approx(3 * blocks * per_block, abs=1e-12)
 
 
+def test_deepspeed_bf16_pipeline_adds_each_micro_batch_gradients_into_fp32():
+    """DeepSpeed's BF16_Optimizer under its pipeline engine: after every micro-batch's backward a
+    cast (2 -> 4 bytes) and an add (4 + 4 -> 4) per parameter of the chunk, 18 bytes per parameter
+    at HBM speed; not under fp16, ZeRO 2, Megatron, or without a pipeline."""
+    from partita.simulator.context import resolve
+    from partita.simulator.memory import block_parameters
+    catalog = load_catalog()
+    ctx = resolve(parse_scenario(small()), catalog)
+
+    def run(framework="deepspeed", precision="bf16", **parallel):
+        doc = small(**parallel)
+        doc["training"].update(framework=framework, precision=precision)
+        return simulate(parse_scenario(doc), catalog)
+
+    ds = run()
+    micro = 64 // 4 // 2                                  # global / data / micro-batch
+    params = (8 // 2 * block_parameters(ctx.dims) + 32000 * 1024) / 2     # per rank: tp 2, pp 2
+    hbm = ctx.system.gpu.memory_bandwidth_bytes_per_s
+    per_step = ds.breakdown_s["hp_grad_update"]
+    assert per_step > micro * 18 * params / hbm          # below HBM peak, never above it
+    assert per_step < micro * 18 * params / (0.3 * hbm)
+    for other in (run(precision="fp16"), run(zero=2), run(framework="megatron"),
+                  run(pipeline=1, data=8)):
+        assert "hp_grad_update" not in other.breakdown_s
+
+
 def test_zero3_gathers_without_prefetch_add_to_compute():
     """overlap_param_gather false (DeepSpeed 0.3's synchronous gathers): each block's all-gathers
     and reduce-scatter run between its kernels, so the step is the overlapped one plus what the
@@ -339,3 +365,124 @@ def test_overlap_slowdown_leaves_steps_without_collectives_alone():
     a = simulate(parse_scenario(doc), catalog, overheads=Overheads())
     b = simulate(parse_scenario(doc), catalog, overheads=Overheads(overlap_slowdown=0.4))
     assert a.step_time_s == b.step_time_s
+
+
+# ---- host dispatch and launch, step synchronisations, usable memory, intervals (#16) ----
+
+def _chunks(doc, host):
+    from partita.simulator.calibration import load_calibration
+    from partita.simulator.context import resolve
+    from partita.simulator.network import build_topology
+    from partita.simulator.overheads import Overheads
+    from partita.simulator.stagecosts import chunk_costs
+    cal = load_calibration()
+    ctx = resolve(parse_scenario(doc), load_catalog())
+    return chunk_costs(ctx, build_topology(ctx.system, cal), cal, Overheads(), host)
+
+
+def test_host_exposed_only_where_the_host_is_slower_than_the_gpu():
+    from partita.simulator.host import HostCosts
+    doc = small(tensor=1, pipeline=1, data=16)
+    none = _chunks(doc, HostCosts())[0]
+    cheap = _chunks(doc, HostCosts(op_dispatch_s=1e-9))[0]
+    assert cheap.forward_s == none.forward_s and "host" not in cheap.parts    # GPU-bound
+    slow = _chunks(doc, HostCosts(op_dispatch_s=1e-2))[0]                    # 10 ms per op
+    from partita.simulator.host import forward_kernels
+    kf = forward_kernels(decoder=False, tensor=1, attention="flash")
+    blocks = 8
+    # host-bound: each block's forward costs its kernels' host time, max(device, host), so the
+    # chunk costs at least the host time of its blocks and less than host plus device time
+    host_s = blocks * kf * 1e-2
+    assert host_s <= slow.forward_s < host_s + none.forward_s
+    assert slow.parts["host"] > 0
+
+
+def test_launch_blocking_adds_host_time_to_every_kernel():
+    from partita.simulator.host import HostCosts, forward_kernels
+    host = HostCosts(op_dispatch_s=3e-6, launch_s=2e-6, launch_blocking_wait_s=5e-6)
+    doc = small(tensor=2, pipeline=1, data=8)
+    free = _chunks(doc, host)[0]
+    doc["training"]["launch_blocking"] = True
+    blocking = _chunks(doc, host)[0]
+    kf = forward_kernels(decoder=False, tensor=2, attention="flash")
+    assert "host" not in free.parts                      # 10 us per kernel: GPU-bound
+    assert blocking.forward_s - free.forward_s == pytest.approx(8 * kf * 10e-6, rel=1e-9)
+    assert blocking.backward_s - free.backward_s == pytest.approx(8 * 2 * kf * 10e-6, rel=1e-9)
+
+
+def test_tied_embedding_gradients_are_reduced_between_first_and_last_stage():
+    catalog = load_catalog()
+    tied = small(tensor=1, pipeline=2, data=8)
+    tied["model"]["tie_embeddings"] = True
+    untied = small(tensor=1, pipeline=2, data=8)
+    untied["model"]["tie_embeddings"] = False
+    a = simulate(parse_scenario(tied), catalog)
+    b = simulate(parse_scenario(untied), catalog)
+    assert a.breakdown_s["embedding_sync"] > 0 and "embedding_sync" not in b.breakdown_s
+    one_stage = small(tensor=1, pipeline=1, data=16)
+    one_stage["model"]["tie_embeddings"] = True
+    assert "embedding_sync" not in simulate(parse_scenario(one_stage), catalog).breakdown_s
+
+
+def test_no_step_floor_data_parallel_speedup_follows_the_mechanisms():
+    """A 350M GPT on one A100 and on eight (DP 8, same per-GPU batch): the step stays near the
+    single-GPU one (the gradient all-reduce over NVLink is small), so 8 GPUs give ~8x throughput."""
+    catalog = load_catalog()
+    runs = {}
+    for n in (1, 8):
+        doc = {"model": {"preset": "gpt2-medium"},
+               "cluster": {"system": "dgx-a100-40gb", "gpus": n},
+               "training": {"global_batch": 8 * n, "micro_batch": 8, "precision": "bf16"},
+               "parallel": {"data": n}}
+        runs[n] = simulate(parse_scenario(doc), catalog)
+    assert runs[1].step_time_s < 0.18
+    assert runs[8].tokens_per_s / runs[1].tokens_per_s > 7.0
+
+
+def test_grad_reduce_with_a_sharded_optimizer_is_an_error(tmp_path, capsys):
+    path = write(tmp_path, "z.yaml", small(tensor=1, pipeline=1, data=16, zero=1,
+                                           grad_reduce="hierarchical"))
+    assert main(["simulate", path]) == 1
+    err = capsys.readouterr().err
+    assert "parallel.grad_reduce" in err and "zero is 1" in err
+
+
+def test_fits_in_memory_uses_the_memory_cuda_reports():
+    doc = small()
+    r = simulate(parse_scenario(doc), load_catalog())          # p4d: A100 40GB
+    assert r.memory_capacity_bytes == pytest.approx(39.5 * 2**30)
+
+
+def test_every_prediction_carries_a_cross_validated_interval(capsys):
+    assert main(["simulate", "gpt3-175b-a100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    low, high = out["step_time_interval_s"]
+    assert low < out["step_time_s"] < high
+    assert out["step_time_interval_regime"] in ("megatron/multi-node", "pooled")
+
+
+def test_interval_from_residuals_by_hand(tmp_path):
+    from partita.simulator.interval import step_time_interval
+    rows = [{"regime": "fsdp/one-node", "error_pct": e} for e in range(-10, 10)]   # 20 rows
+    rows += [{"regime": "megatron/one-node", "error_pct": 50.0}]
+    path = tmp_path / "cv.json"
+    path.write_text(json.dumps({"rows": rows}))
+    band = step_time_interval(1.0, "fsdp/one-node", path)
+    assert band.regime == "fsdp/one-node" and band.rows == 20
+    # 5th / 95th percentiles of -10..9 %: -9.05 % and +8.05 %
+    assert band.low_s == pytest.approx(1 / 1.0805) and band.high_s == pytest.approx(1 / 0.9095)
+    assert step_time_interval(1.0, "megatron/one-node", path).regime == "pooled"   # 1 row < 8
+
+
+def test_hf_config_without_seq_len_is_an_error(tmp_path, capsys):
+    doc = small()
+    doc["model"] = {"hf_config": {"model_type": "mistral", "num_hidden_layers": 2, "hidden_size": 256,
+                                  "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "intermediate_size": 512, "vocab_size": 1000,
+                                  "max_position_embeddings": 32768}}
+    path = write(tmp_path, "m.yaml", doc)
+    assert main(["simulate", path]) == 1
+    err = capsys.readouterr().err
+    assert "model.seq_len: required with hf_config" in err and "32768" in err
+    doc["model"]["seq_len"] = 1024
+    assert main(["simulate", write(tmp_path, "m2.yaml", doc)]) == 0

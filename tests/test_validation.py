@@ -59,11 +59,19 @@ def test_shipped_csv_has_the_published_rows_and_columns():
     assert all(r["source"] and r["locator"] for r in rows)     # provenance kept
 
 
+def test_reserved_source_rows_are_excluded(mapped):
+    skipped = mapped["NEMOCP-05"]
+    assert isinstance(skipped, SkippedRow) and skipped.kind == "excluded"
+    assert "RESERVED" in skipped.reason
+
+
 def test_most_gpu_transformer_rows_map(mapped):
     usable = [m for m in mapped.values() if isinstance(m, MappedRow)]
-    assert len(usable) >= 87
+    assert len(usable) >= 78
     assert {m.source_key for m in usable} >= {"NAR21", "MLMRD", "SHO19", "MLM24", "BLMSW", "LLAMA3",
-                                              "MTNLG", "NEMOCP", "MPT", "NANOGPT"}
+                                              "MTNLG", "MPT", "NANOGPT"}
+    # NeMo's performance tables are a RESERVED source (GUIDE.md): excluded, never fitted
+    assert not any(m.source_key == "NEMOCP" for m in usable)
     for m in usable:                                   # each is a valid scenario with a positive time
         again = parse_scenario(m.document)
         assert again.parallel.gpus == m.gpus and m.measured_step_s > 0
@@ -102,9 +110,6 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("LLAMA3-03", "model", "ffn_hidden", 53248),
     ("LLAMA3-03", "training", "global_batch", 128),          # 16 sequences per DP group x dp 8
     ("LLAMA3-01", "training", "recompute", "none"),
-    ("NEMOCP-05", "model", "preset", "llama2-7b"),
-    ("NEMOCP-05", "model", "seq_len", 65536),
-    ("NEMOCP-05", "training", "precision", "fp8"),
     ("MPT-01", "parallel", "zero", 3),                       # FSDP FULL_SHARD
     ("MPT-13", "parallel", "zero", 2),                       # FSDP SHARD_GRAD_OP
     ("MPT-25", "cluster", "inter_node_gbps", 1600.0),
@@ -446,3 +451,68 @@ def test_cli_memory_report_splits_fit_and_holdout(standin, capsys):
     assert main(["validate", "--memory", "--rows", "BLMEM-01,BLMEM-02", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["summary"]["memory_fit"]["count"] == 1 and doc["summary"]["memory_holdout"]["count"] == 1
+
+
+# ---- leave-one-source-out and the frozen test: README quotes what `validate` prints (#16) ----
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def test_readme_quotes_the_stored_leave_one_source_out_figures():
+    from partita.commands.validate import loso_line
+    from partita.simulator import crossval
+    stored = crossval.load_residuals()
+    assert stored["inputs_sha256"] == crossval.inputs_digest(), (
+        "data/validation/crossval.json is stale (its inputs changed); rewrite it with "
+        "`partita validate --cross-validate --write` and update README")
+    line = loso_line(validation.summarize(r["error_pct"] / 100.0 for r in stored["rows"]))
+    assert line in README.read_text()
+
+
+def test_readme_quotes_the_frozen_test_figures(tmp_path, monkeypatch):
+    from partita.commands.validate import frozen_line
+    from partita.planner.catalog import load_catalog
+    monkeypatch.setenv("PARTITA_HOME", str(tmp_path))          # the shipped catalog only
+    monkeypatch.delenv("PARTITA_CATALOG", raising=False)
+    csv_path, ids = validation.load_frozen_test()
+    report = validation.run_validation(csv_path, rows=ids, split=validation.Split(fit=frozenset()),
+                                       catalog=load_catalog())
+    assert frozen_line(report.summary()) in README.read_text()
+
+
+def test_frozen_test_rows_are_never_fit_rows():
+    _, ids = validation.load_frozen_test()
+    memory_fit = validation.load_split(validation.MEMORY_SPLIT).fit
+    assert len(ids) == 59 and not set(ids) & set(validation.load_split().fit)
+    # BLMEM-27, -39, -61 repeat dev fit runs and are kept out
+    assert {"BLMEM-27", "BLMEM-39", "BLMEM-61"}.isdisjoint(ids)
+    assert memory_fit                                  # the memory fit rows' step times: never fitted
+
+
+def test_cross_validate_refuses_other_inputs(capsys):
+    assert main(["validate", "--cross-validate", "--rows", "NAR21-01"]) == 2
+    assert "error: --cross-validate" in capsys.readouterr().err
+    assert main(["validate", "--write"]) == 2
+
+
+def test_fit_recovers_a_fraction_and_gives_unseen_families_the_median():
+    """simulator.fitting.fit on rows whose error depends on the A100 fraction only (a stub
+    predictor): the fit finds it, and the V100 and H100 fractions, which no row reads, get the
+    median of the fitted families, as the simulator gives a family without rows."""
+    from types import SimpleNamespace
+    from partita.simulator.fitting import fit
+
+    class Stub:
+        def gpu_name(self, m):
+            return "a100-80gb"
+
+        def errors(self, rows, oh):
+            return {m.row_id: oh.sustained("a100-80gb") / 0.8 * m.scale - 1.0 for m in rows}
+
+    rows = [SimpleNamespace(row_id=f"R{i}", scale=s) for i, s in enumerate((0.98, 1.0, 1.02))]
+    result = fit(rows, catalog=None, predictor=Stub())
+    v = result.values
+    assert v["sustained_matmul_fraction.a100"] == pytest.approx(0.8, abs=0.01)
+    assert v["sustained_matmul_fraction.v100"] == v["sustained_matmul_fraction.a100"]
+    assert v["sustained_matmul_fraction.h100"] == v["sustained_matmul_fraction.a100"]
+    assert result.rows == ("R0", "R1", "R2")

@@ -62,7 +62,10 @@ def format_summary(scenario, r, path: str) -> str:
         f"TP {p.tensor} x PP {p.pipeline} x CP {p.context} x DP {p.data}, {p.schedule}"
         + (f" (v={p.virtual_stages})" if p.virtual_stages > 1 else "")
         + (f", ZeRO-{p.zero}" if p.zero else ""),
-        f"  step time        {r.step_time_s:10.4f} s",
+        f"  step time        {r.step_time_s:10.4f} s"
+        + (f"   90% interval {r.step_time_interval_s[0]:.4g}-{r.step_time_interval_s[1]:.4g} s "
+           f"(cross-validated, {r.interval_regime})"
+           if getattr(r, "step_time_interval_s", None) else ""),
         f"  throughput       {r.tokens_per_s:10.1f} tokens/s   {r.samples_per_s:.2f} samples/s",
         f"  model TFLOP/s    {r.tflops_per_gpu:10.1f} per GPU   MFU {100 * r.mfu:.1f}%",
         f"  peak memory      {r.peak_memory_gib:10.2f} GiB of {r.memory_capacity_bytes / 2**30:.1f} GiB"

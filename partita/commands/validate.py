@@ -6,6 +6,8 @@ Usage:
     partita validate --rows NAR21-01,MPT-25 --verbose
     partita validate --json > validation.json
     partita validate --memory                     # data/validation/published_memory.csv, its split
+    partita validate --cross-validate             # leave-one-source-out refit (minutes)
+    partita validate --cross-validate --write     # ... and store the residuals (crossval.json)
 
 Prints one line per simulated row (measured and predicted seconds per step, error =
 predicted/measured - 1, fit or hold-out group, the assumptions made to read the row), the rows
@@ -14,11 +16,18 @@ the fit and hold-out groups apart; for rows with a measured peak memory (`peak_m
 predicted peak and its error too, and a memory summary per group. It is a report: exit 0 whatever
 the errors; exit 1 only on bad input (missing CSV, unknown column, unknown row id, malformed split
 file).
+
+`--cross-validate` refits the framework numbers once per source with that source's rows left out
+(`simulator.crossval`, the optimiser of benchmarks/fit_overheads.py) and prints each row's error
+under the fit that did not see its source, then the leave-one-source-out summary (median, p90, max)
+overall and per source; `--write` stores the residuals in data/validation/crossval.json, where the
+prediction intervals and the README check read them.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections import defaultdict
 
 from partita.commands import add_catalog_option
@@ -38,6 +47,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--memory", action="store_true",
                    help="the published peak-memory runs: data/validation/published_memory.csv with "
                         "its split (split_memory.yaml) unless CSV / --split are given")
+    p.add_argument("--cross-validate", action="store_true",
+                   help="leave-one-source-out: refit without each source, predict it (minutes)")
+    p.add_argument("--frozen-test", action="store_true",
+                   help="the frozen test set (data/validation/frozen_test.yaml): its summary only; "
+                        "report it once per model change, never tune on it")
+    p.add_argument("--write", action="store_true",
+                   help="with --cross-validate: store the residuals in data/validation/crossval.json")
     p.add_argument("--verbose", "-v", action="store_true",
                    help="full assumptions and conversion per row, one line per skipped row")
     add_catalog_option(p)
@@ -57,6 +73,14 @@ def run(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
     from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
 
+    if args.write and not args.cross_validate:
+        print("error: --write needs --cross-validate (it stores the cross-validated residuals)",
+              file=sys.stderr)
+        return 2
+    if args.cross_validate:
+        return _cross_validate(args)
+    if args.frozen_test:
+        return _frozen_test(args)
     rows = args.rows
     csv, split_file = args.csv, args.split
     if args.memory:
@@ -85,6 +109,78 @@ def _check_split_ids(split, split_file, csv) -> None:
         listed = ", ".join(absent[:10]) + more
         raise PartitaError(f"{split_file or DEFAULT_SPLIT}: fit: row ids not in "
                            f"{csv or DEFAULT_CSV}: {listed}")
+
+
+def _cross_validate(args: argparse.Namespace) -> int:
+    from partita.commands import catalog_from_args
+    from partita.simulator import crossval
+    from partita.simulator.validation import load_split
+
+    if args.csv is not None or args.rows or args.memory:
+        print("error: --cross-validate runs on the dev CSV and its split only "
+              "(no CSV, --rows or --memory)", file=sys.stderr)
+        return 2
+    cv = crossval.cross_validate(catalog_from_args(args), split=load_split(args.split),
+                                 progress=crossval.stderr_progress)
+    if args.write:
+        crossval.write_residuals(cv)
+    if args.json:
+        print(json.dumps(cv.to_json()))
+    else:
+        print(format_cross_validation(cv))
+        if args.write:
+            print(f"\nwrote {crossval.RESIDUALS_FILE}")
+    return 0
+
+
+def _frozen_test(args: argparse.Namespace) -> int:
+    from partita.commands import catalog_from_args
+    from partita.simulator.validation import Split, load_frozen_test, run_validation
+
+    if args.csv is not None or args.rows or args.memory or args.split:
+        print("error: --frozen-test runs the rows of data/validation/frozen_test.yaml only "
+              "(no CSV, --rows, --split or --memory)", file=sys.stderr)
+        return 2
+    csv, ids = load_frozen_test()
+    report = run_validation(csv, rows=ids, split=Split(fit=frozenset()),
+                            catalog=catalog_from_args(args))
+    s = report.summary()
+    if args.json:
+        print(json.dumps({"csv": str(csv), "frozen_test": s.to_json()}))
+    else:
+        print(f"partita validate --frozen-test: {len(ids)} step times of {csv.name}, never fitted")
+        print(frozen_line(s))
+    return 0
+
+
+def frozen_line(s) -> str:
+    """The frozen test set's line (README quotes it; tests/test_validation.py checks it)."""
+    return (f"Frozen test ({s.count} rows): median {s.median_pct:.1f}%, p90 {s.p90_pct:.1f}%, "
+            f"max {s.max_pct:.1f}%, bias {s.bias_pct:+.1f}%")
+
+
+def format_cross_validation(cv) -> str:
+    """The leave-one-source-out report: per row, per source, then the summary line README quotes."""
+    lines = ["partita validate --cross-validate: each source predicted by a fit that left it out",
+             "", f"{'id':<11} {'source':<8} {'regime':<22} {'measured s':>10} {'predicted s':>11} "
+             f"{'error %':>8}"]
+    for r in cv.residuals:
+        lines.append(f"{r.row_id:<11} {r.source_key:<8} {r.regime:<22} {r.measured_step_s:10.4g} "
+                     f"{r.predicted_step_s:11.4g} {100 * r.error:+8.1f}")
+    lines += ["", f"  {'source':<8} {'rows':>5} {'median':>8} {'p90':>8} {'max':>8} {'bias':>8}"]
+    for source in cv.sources():
+        s = cv.summary(source)
+        lines.append(f"  {source:<8} {s.count:>5} {_fmt(s.median_pct)} {_fmt(s.p90_pct)} "
+                     f"{_fmt(s.max_pct)} {_fmt(s.bias_pct)}")
+    s = cv.summary()
+    lines += ["", loso_line(s)]
+    return "\n".join(lines)
+
+
+def loso_line(s) -> str:
+    """The one line README's accuracy section quotes (tests/test_validation.py checks it)."""
+    return (f"Leave-one-source-out ({s.count} rows): median {s.median_pct:.1f}%, "
+            f"p90 {s.p90_pct:.1f}%, max {s.max_pct:.1f}%, bias {s.bias_pct:+.1f}%")
 
 
 def format_report(report, verbose: bool = False) -> str:

@@ -1,0 +1,183 @@
+"""Fit the numbers of data/calibration/fitted.yaml to measured step times.
+
+`fit(rows)` minimises the mean pseudo-Huber loss DELTA^2 (sqrt(1 + (x / DELTA)^2) - 1) of
+x = log(predicted / measured) of the step time over the given `MappedRow`s: quadratic near zero,
+linear beyond DELTA, so rows the physics does not cover pull the shared numbers less than a squared
+loss would. Minimised by scipy's bounded trust-region least squares with the soft-L1 loss (the same
+pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 1.0, every cost 0).
+`benchmarks/fit_overheads.py` runs it on the split's fit rows and stores the result; the
+leave-one-source-out check (`simulator.crossval`) runs the same function once per left-out source.
+
+The fitted parameters are `PARAMS`; every other number the simulator reads is measured or published
+and is read from the file as it stands. A row only reads the parameters of its GPU family,
+precision and framework, so its prediction is cached on those values: a finite-difference column
+for the V100 fraction re-simulates the V100 rows only.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from partita.planner.errors import PartitaError
+from partita.simulator.overheads import Overheads, load_overheads
+from partita.simulator.rowmap import MappedRow
+
+DELTA = 0.1
+FAMILIES = ("v100", "a100", "h100")
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    start: float
+    low: float
+    high: float
+
+
+# The fitted numbers, in the order of the optimiser's vector (units in the names).
+PARAMS: tuple[Param, ...] = (
+    Param("sustained_matmul_fraction.v100", 1.0, 0.3, 1.0),
+    Param("sustained_matmul_fraction.a100", 1.0, 0.3, 1.0),
+    Param("sustained_matmul_fraction.h100", 1.0, 0.3, 1.0),
+    Param("zero3_collective_fraction.deepspeed", 1.0, 0.05, 1.0),
+)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    values: dict[str, float]          # PARAMS name -> fitted value
+    overheads: Overheads
+    rows: tuple[str, ...]             # the row ids fitted on
+    evaluations: int
+    loss: float                       # mean pseudo-Huber loss at the optimum
+
+
+def overheads_from(values: dict[str, float], base: Overheads | None = None) -> Overheads:
+    """training.yaml's stored overheads with the fitted numbers replaced by `values`."""
+    base = base if base is not None else load_overheads()
+    fam = {f: values[f"sustained_matmul_fraction.{f}"] for f in FAMILIES}
+    fam["h200"] = fam["h100"]                        # same GH100 chip and clocks
+    return replace(
+        base, sustained_default=float(np.median([fam[f] for f in FAMILIES])),
+        sustained_by_family=fam,
+        zero3_collective_fraction={"deepspeed": values["zero3_collective_fraction.deepspeed"]})
+
+
+class Predictor:
+    """Step-time predictions of mapped rows under given overheads, cached per row key."""
+
+    def __init__(self, catalog) -> None:
+        from partita.simulator.step import simulate
+        self._simulate = simulate
+        self._catalog = catalog
+        self._cache: dict[tuple, float | None] = {}
+        self._gpu: dict[str, str] = {}
+
+    def gpu_name(self, m: MappedRow) -> str:
+        if m.row_id not in self._gpu:
+            from partita.simulator.context import resolve
+            self._gpu[m.row_id] = resolve(m.scenario, self._catalog).system.gpu.name
+        return self._gpu[m.row_id]
+
+    def key(self, m: MappedRow, oh: Overheads) -> tuple:
+        t, p = m.scenario.training, m.scenario.parallel
+        fw = t.framework
+        return (m.row_id, oh.sustained(self.gpu_name(m)), oh.attention_fraction,
+                oh.fp8_matmul_fraction if t.precision == "fp8" else None, oh.framework(fw),
+                oh.zero3_collectives(fw) if p.zero >= 3 else None)
+
+    def step_s(self, m: MappedRow, oh: Overheads) -> float | None:
+        """Predicted seconds per step, or None where the simulator refuses the scenario."""
+        try:
+            key = self.key(m, oh)
+        except PartitaError:
+            return None                       # the scenario does not resolve (refused)
+        if key not in self._cache:
+            try:
+                self._cache[key] = self._simulate(m.scenario, self._catalog,
+                                                  overheads=oh).step_time_s
+            except PartitaError:
+                self._cache[key] = None
+        return self._cache[key]
+
+    def errors(self, rows: Iterable[MappedRow], oh: Overheads) -> dict[str, float]:
+        """predicted / measured - 1 per simulable row."""
+        out = {}
+        for m in rows:
+            step = self.step_s(m, oh)
+            if step is not None:
+                out[m.row_id] = step / m.measured_step_s - 1.0
+        return out
+
+
+def fit(rows: Sequence[MappedRow], catalog, *, predictor: Predictor | None = None,
+        base: Overheads | None = None, max_nfev: int = 200) -> FitResult:
+    """Fit PARAMS to `rows` (see the module docstring for the objective and the optimiser)."""
+    if not rows:
+        raise ValueError("fit: no rows to fit on")
+    base = base if base is not None else load_overheads()
+    pred = predictor if predictor is not None else Predictor(catalog)
+    # A GPU family no row runs on is not fitted: it gets the median of the fitted families, as the
+    # simulator gives a family without rows (`Overheads.sustained_default`).
+    seen = {f for f in FAMILIES for m in rows if pred.gpu_name(m).lower().startswith(f)}
+    unseen = [f"sustained_matmul_fraction.{f}" for f in FAMILIES if f not in seen]
+    free = [p for p in PARAMS if p.name not in unseen]
+    start = np.array([p.start for p in free])
+    low = np.array([p.low for p in free])
+    high = np.array([p.high for p in free])
+
+    def values(x) -> dict[str, float]:
+        out = {p.name: float(np.clip(v, p.low, p.high)) for p, v in zip(free, x)}
+        fitted = [out[f"sustained_matmul_fraction.{f}"] for f in FAMILIES if f in seen]
+        for name in unseen:
+            out[name] = float(np.median(fitted)) if fitted else 1.0
+        return {p.name: out[p.name] for p in PARAMS}
+
+    def residuals(x):
+        errs = pred.errors(rows, overheads_from(values(x), base))
+        return np.array([math.log1p(errs[k]) for k in sorted(errs)])
+
+    # Finite differences step by 1e-3 of each value; a physical start at its upper bound steps in.
+    x0 = start - 1e-3 * (start == high)
+    res = least_squares(residuals, x0, bounds=(low, high), loss="soft_l1", f_scale=DELTA,
+                        diff_step=1e-3, xtol=1e-4, max_nfev=max_nfev)
+    best = values(res.x)
+    loss = float(np.mean(DELTA ** 2 * (np.sqrt(1.0 + (res.fun / DELTA) ** 2) - 1.0)))
+    return FitResult(values=best, overheads=overheads_from(best, base),
+                     rows=tuple(m.row_id for m in rows), evaluations=int(res.nfev), loss=loss)
+
+
+def write_fitted(result: FitResult, path=None):
+    """Store a fit in data/calibration/fitted.yaml with the rows, objective and command."""
+    from partita.simulator.overheads import FITTED_FILE
+    path = path if path is not None else FITTED_FILE
+    v = result.values
+    fam = {f: v[f"sustained_matmul_fraction.{f}"] for f in FAMILIES}
+    lines = [
+        "# FITTED numbers only (facts are in training.yaml, host.yaml, compute.yaml, network.yaml).",
+        "# Written by the command below; do not edit by hand. Re-run it when the model changes.",
+        'command: "python benchmarks/fit_overheads.py --write"',
+        f'objective: "{OBJECTIVE}"',
+        f"rows: [{', '.join(result.rows)}]",
+        f"loss: {result.loss:.6f}",
+        "sustained_matmul_fraction:       # in-training matmul throughput / best-shape sweep, per "
+        "GPU family",
+        f"  default: {float(np.median(list(fam.values()))):.3f}   # the median, for families "
+        "without rows",
+        *[f"  {f}: {fam[f]:.3f}" for f in FAMILIES],
+        f"  h200: {fam['h100']:.3f}                   # = h100: the same GH100 chip and clocks",
+        "zero3_collective_fraction:       # ZeRO-3 gathers/scatters: fraction of modelled bandwidth",
+        f"  deepspeed: {v['zero3_collective_fraction.deepspeed']:.3f}",
+    ]
+    Path(path).write_text("\n".join(lines) + "\n")
+    return path
+
+
+OBJECTIVE = ("mean pseudo-Huber (delta 0.1) of log(predicted / measured) step time over the rows "
+             "below; scipy least_squares (trf, soft_l1, f_scale 0.1) from every fraction 1.0 "
+             "(simulator/fitting.py)")

@@ -1,0 +1,81 @@
+"""Host-side cost of a transformer block's operators: dispatch and kernel launch against device time.
+
+Every PyTorch operator costs the host `op_dispatch_s` (Python, dispatcher, autograd recording) and
+each kernel a launch (`launch_s`) before the GPU can run it (data/calibration/host.yaml). Launches
+are asynchronous, so the host runs ahead while the GPU works: a block pass costs
+max(device, host) and the host is exposed only where it is the bottleneck (small models, small
+micro-batches). With CUDA_LAUNCH_BLOCKING=1 (`training.launch_blocking`) every launch waits for its
+kernel, so each kernel's host time and a synchronisation wait (`launch_blocking_wait_s`) add to the
+device time.
+
+Kernels per block forward (`forward_kernels`), counted from Megatron-LM's GPT block
+(megatron/core/transformer/transformer_layer.py with its fused kernels): two layer norms, four GEMMs
+(QKV, attention output, MLP in, MLP out), the attention core (one fused flash kernel, or batched
+QK^T, the fused scale-mask-softmax, dropout and PV: four; eager, QK^T, scale, mask multiply,
+mask subtract, softmax, dropout and PV: seven), the activation, two bias-dropout-add
+residuals and two layout copies of q/k/v (split heads, transpose); one collective per tensor-parallel
+all-reduce (two per forward, a T5 decoder three) or, with sequence parallelism, one all-gather and
+one reduce-scatter each. A T5 decoder block adds its cross-attention (one layer norm, two GEMMs, the
+attention core, one residual). The backward launches about two kernels per forward kernel (input
+and weight gradients of every GEMM; elementwise backwards read two inputs): BACKWARD_KERNELS_PER_FORWARD.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from partita.planner.documents import Checker, load_document
+from partita.planner.paths import CALIBRATION_DIR
+
+HOST_FILE = CALIBRATION_DIR / "host.yaml"
+KEYS = ("op_dispatch_us", "launch_us", "launch_blocking_wait_us", "source")
+BACKWARD_KERNELS_PER_FORWARD = 2
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    op_dispatch_s: float = 0.0
+    launch_s: float = 0.0
+    launch_blocking_wait_s: float = 0.0
+
+    @property
+    def per_kernel_s(self) -> float:
+        """Host seconds before one kernel can run: the op's dispatch and its launch."""
+        return self.op_dispatch_s + self.launch_s
+
+    def exposed(self, device_s: float, kernels: float, blocking: bool) -> float:
+        """Seconds the host adds to `device_s` of GPU work made of `kernels` launches."""
+        host = kernels * self.per_kernel_s
+        if blocking:
+            return host + kernels * self.launch_blocking_wait_s
+        return max(0.0, host - device_s)
+
+
+def forward_kernels(*, decoder: bool, tensor: int, attention: str) -> int:
+    """Kernels one block's forward launches (see the module docstring for the count)."""
+    core = {"flash": 1, "unfused": 4, "eager": 7}[attention]
+    n = 2 + 4 + core + 1 + 2 + 2
+    collectives = (3 if decoder else 2) if tensor > 1 else 0
+    if decoder:
+        n += 1 + 2 + core + 1
+    return n + collectives
+
+
+@lru_cache(maxsize=4)
+def _load(path: str, mtime: int) -> HostCosts:
+    c = Checker(load_document(path), "", path)
+    c.only(KEYS)
+    values = {}
+    for key in KEYS[:-1]:
+        value = c.number(key, 0.0, positive=False)
+        if value < 0.0:
+            raise c.error(f"must be >= 0, got {value}", key)
+        values[key] = value * 1e-6
+    return HostCosts(values["op_dispatch_us"], values["launch_us"],
+                     values["launch_blocking_wait_us"])
+
+
+def load_host_costs(path: str | Path = HOST_FILE) -> HostCosts:
+    path = Path(path)
+    return _load(str(path), path.stat().st_mtime_ns)
