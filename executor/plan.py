@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from partita.planner.errors import PartitaError
+from partita.planner.planspec import EXECUTED_PRECISIONS
 from partita.planner.scenario import Scenario, check_plan, check_stages
 from partita.planner.stages import chunk_ranges, with_default_stages
 
@@ -37,7 +38,6 @@ CP_WHY = ("On CPU (gloo) torch's context-parallel attention cannot run: context_
           "(aten._scaled_dot_product_flash_attention_for_cpu) has no sharding strategy. On CUDA, "
           "planner.models derive positions (learned position ids, rotary tables) from the local "
           "sequence length, which sequence sharding would make wrong")
-EXECUTED_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from partita.planner.sagemaker import translate
 from partita.planner.scenario import (PARALLEL_KEYS, Scenario, find_scenario_file, parse_scenario)
 
 VIRTUAL_CHOICES = (2, 3, 4, 6, 8)
-EXECUTED_PRECISIONS = ("fp32", "tf32", "bf16")      # executor/plan.py: what `partita run` executes
+# What `partita run` executes (executor/plan.py checks plans against the same list).
+EXECUTED_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,8 +132,8 @@ def _document(scenario) -> tuple[dict[str, Any], str]:
 
 def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
               executable: bool = False) -> PlanSpec:
-    """`executable`: only plans `partita run` executes (no context or sequence parallelism,
-    tensor dividing the k/v heads, bf16/fp32/tf32); a fixed field that contradicts it is an
+    """`executable`: only plans `partita run` executes (no context parallelism, no sequence
+    parallelism for T5, tensor dividing the k/v heads, bf16/fp32/tf32); a fixed field that contradicts it is an
     error naming the key."""
     doc, origin = _document(scenario)
     doc, kept = translate(doc, origin, searching=True)
@@ -205,7 +206,10 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
     if kept.get("ddp") is False:
         fixed["data"] = 1
     if executable:
-        for key, value in (("context", 1), ("sequence_parallel", False)):
+        # the executor runs sequence parallelism with tensor parallelism, except for T5, whose
+        # chained encoder and decoder halves it does not shard by sequence
+        refused = (("context", 1),) + ((("sequence_parallel", False),) if dims.arch == "t5" else ())
+        for key, value in refused:
             if fixed.get(key, value) != value:
                 raise PartitaError(f"{where}parallel.{key} ({fixed[key]}) contradicts --executable: "
                                    f"partita run executes only {key} {value}")

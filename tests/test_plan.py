@@ -185,11 +185,11 @@ def test_executable_plans_are_what_partita_run_executes(tmp_path, capsys):
     out = tmp_path / "run.yaml"
     assert main(["plan", src, "--executable", "-o", str(out)]) == 0
     planned = load_scenario(str(out))
-    assert not planned.parallel.sequence_parallel and planned.parallel.context == 1
+    assert planned.parallel.context == 1            # sequence parallelism with TP runs (not T5)
     assert execution_plan(planned, 16).chunks[0][0] == 0            # the executor accepts it
-    assert main(["plan", write(tmp_path, small(parallel__sequence_parallel=True), "sp.yaml"),
+    assert main(["plan", write(tmp_path, small(parallel__context=2), "cp.yaml"),
                  "--executable"]) == 1
-    assert "parallel.sequence_parallel (True) contradicts --executable" in capsys.readouterr().err
+    assert "parallel.context (2) contradicts --executable" in capsys.readouterr().err
 
 
 def test_cli_never_writes_over_its_input(tmp_path, capsys):
