@@ -16,17 +16,16 @@ GEMMs rounded before they are added); that case has its own, stated tolerances (
 """
 from __future__ import annotations
 
-import json
-
 import pytest
 import torch
 import yaml
 
-from partita.cli import main
 from partita.executor.precision import INIT_SCALE, LossScaler
 from partita.executor.train import reference_run
 from partita.planner.paths import SCENARIOS_DIR
 from partita.planner.scenario import load_scenario
+
+from executor_runs import assert_weights_close, run_and_reference
 
 STEPS = 5
 RTOL = {"fp16": 1e-6, "bf16": 1e-6}
@@ -57,14 +56,8 @@ def test_reduced_precision_pipeline_equals_one_process(precision, tmp_path, caps
     doc["cluster"]["gpus"] = 2
     doc["parallel"].update(data=1, zero=0)
     doc["training"].update(precision=precision, global_batch=8)
-    path = tmp_path / "scenario.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    weights = tmp_path / "weights.pt"
-    assert main(["run", str(path), "--steps", str(STEPS), "--json", "--out", str(tmp_path / "out"),
-                 "--save-weights", str(weights)]) == 0
-    result = json.loads(capsys.readouterr().out)
+    result, got, want_losses, want = run_and_reference(doc, tmp_path, capsys, steps=STEPS)
     assert result["plan"]["precision"] == precision
-    want_losses, want = reference_run(load_scenario(path), steps=STEPS)
     doc["training"]["precision"] = "fp32"
     (tmp_path / "fp32.yaml").write_text(yaml.safe_dump(doc))
     _, fp32 = reference_run(load_scenario(tmp_path / "fp32.yaml"), steps=STEPS)
@@ -74,11 +67,8 @@ def test_reduced_precision_pipeline_equals_one_process(precision, tmp_path, caps
     assert away > 100 * RTOL[precision]
     if precision == "fp16":
         assert result["loss_scale"] == {"scale": 2.0 ** 16, "clean_steps": STEPS, "skipped": 0}
-    got = torch.load(weights)
     assert result["losses"] == pytest.approx(want_losses, rel=RTOL[precision], abs=0)
-    for name, w in want.items():
-        err = (got[name] - w).norm().item()
-        assert err <= RTOL[precision] * w.norm().item() + ATOL, f"{name}: |diff| {err:.3g}"
+    assert_weights_close(got, want, rtol=RTOL[precision], atol=ATOL)
 
 
 # With tensor (and sequence) parallelism the reduced-precision arithmetic itself changes: a
@@ -104,16 +94,7 @@ def test_reduced_precision_tensor_sequence_parallel_within_rounding(precision, t
     doc = yaml.safe_load((SCENARIOS_DIR / "tiny-gpt-pp2.yaml").read_text())
     doc["parallel"].update(pipeline=1, tensor=2, sequence_parallel=True)
     doc["training"].update(precision=precision, optimizer="sgd")
-    path = tmp_path / "scenario.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    weights = tmp_path / "weights.pt"
-    assert main(["run", str(path), "--steps", str(STEPS), "--json", "--out", str(tmp_path / "out"),
-                 "--save-weights", str(weights)]) == 0
-    result = json.loads(capsys.readouterr().out)
-    want_losses, want = reference_run(load_scenario(path), steps=STEPS)
+    result, got, want_losses, want = run_and_reference(doc, tmp_path, capsys, steps=STEPS)
     loss_rtol, weight_rtol = TP_RTOL[precision]
-    got = torch.load(weights)
     assert result["losses"] == pytest.approx(want_losses, rel=loss_rtol, abs=0)
-    for name, w in want.items():
-        err = (got[name] - w).norm().item()
-        assert err <= weight_rtol * w.norm().item() + TP_ATOL, f"{name}: |diff| {err:.3g}"
+    assert_weights_close(got, want, rtol=weight_rtol, atol=TP_ATOL)

@@ -10,16 +10,12 @@ ranks' sequence shards.
 """
 from __future__ import annotations
 
-import json
-
 import pytest
-import torch
 import yaml
 
-from partita.cli import main
-from partita.executor.train import reference_run
 from partita.planner.paths import SCENARIOS_DIR
-from partita.planner.scenario import load_scenario
+
+from executor_runs import assert_weights_close, run_and_reference
 
 pytestmark = pytest.mark.slow
 
@@ -48,18 +44,8 @@ def test_sequence_parallel_run_equals_one_process(case, tmp_path, capsys, monkey
     doc = yaml.safe_load((SCENARIOS_DIR / base).read_text())
     for section, values in changes.items():
         doc[section].update(values)
-    path = tmp_path / "scenario.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    weights = tmp_path / "weights.pt"
-    assert main(["run", str(path), "--steps", str(STEPS), "--json", "--out", str(tmp_path / "out"),
-                 "--save-weights", str(weights)]) == 0
-    result = json.loads(capsys.readouterr().out)
+    result, got, want_losses, want = run_and_reference(doc, tmp_path, capsys, steps=STEPS)
     assert result["plan"]["sequence_parallel"] is True and result["plan"]["tensor"] == 2
-    want_losses, want = reference_run(load_scenario(path), steps=STEPS)
     print(case, [abs(a - b) / b for a, b in zip(result["losses"], want_losses)])
     assert result["losses"] == pytest.approx(want_losses, rel=RTOL, abs=0)
-    got = torch.load(weights)
-    assert sorted(got) == sorted(want)
-    for name, w in want.items():
-        err = (got[name] - w).norm().item()
-        assert err <= RTOL * w.norm().item() + ATOL, f"{name}: |diff| {err:.3g}, |w| {w.norm():.3g}"
+    assert_weights_close(got, want, rtol=RTOL, atol=ATOL)
