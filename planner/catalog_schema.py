@@ -10,14 +10,10 @@ import datetime as _dt
 from typing import Any
 
 from partita.planner.documents import Checker
+from partita.planner.enums import PRECISIONS
 from partita.planner.errors import unknown_name
-from partita.planner.hardware import GPU, PRECISIONS, Fabric, Network, Price, System
-
-GIB = 2 ** 30
-GB = 1e9            # GB/s in the files are decimal
-TFLOPS = 1e12
-GBIT = 1e9 / 8      # bytes/s per Gbit/s
-US = 1e-6
+from partita.planner.hardware import GPU, Fabric, Network, Price, System
+from partita.planner.units import GB, GBIT, GIB, TFLOPS, US
 
 GPU_KEYS = ("name", "display_name", "arch", "form_factor", "memory_gib", "memory_type", "mem_bw_GBps",
             "peak_dense_tflops", "measured_matmul_tflops", "nvlink_gen", "nvlink_links",

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+from partita.planner.enums import PRECISIONS
 
 
 @dataclass(frozen=True)

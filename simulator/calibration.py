@@ -32,12 +32,12 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
+from partita.planner.enums import FRAMEWORKS
 from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import CALIBRATION_DIR
-from partita.planner.scenario import FRAMEWORKS
+from partita.planner.units import GIB
 
 MB = 1e6
-GIB = 1024 ** 3
 PRECISION_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 GPU_KEYS = ("like", "matmul", "memory_efficiency_by_mb", "attention_forward_efficiency",
             "attention_backward_efficiency", "kernel_floor_us", "source", "notes")

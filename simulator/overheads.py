@@ -28,6 +28,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from partita.planner.documents import Checker, load_document
+from partita.planner.enums import FRAMEWORKS
 from partita.planner.paths import CALIBRATION_DIR
 
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
@@ -41,7 +42,6 @@ FITTED_KEYS = ("sustained_matmul_fraction", "zero3_collective_fraction")
 FACT_KEYS = tuple(k for k in KEYS if k not in FITTED_KEYS)
 LIST_COLLECTIVES = ("all_gather", "reduce_scatter")
 FAMILIES = ("default", "v100", "a100", "h100", "h200")
-FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 
 
 @dataclass(frozen=True)

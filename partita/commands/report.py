@@ -113,7 +113,7 @@ def _load(file: str):
 
 def _scaling(args: argparse.Namespace) -> int:
     from partita.reports.scaling import parse_nodes, scaling_report, sweep
-    from partita.planner.scenario import GRAD_REDUCE
+    from partita.planner.enums import GRAD_REDUCE
     nodes = parse_nodes(args.nodes)
     reductions = tuple(g.strip() for g in args.grad_reduce.split(",") if g.strip())
     for g in reductions:
