@@ -50,7 +50,7 @@ def _layer_times(layer, ctx, cal, oh) -> tuple[float, float, float]:
     gpu, precision = ctx.system.gpu, ctx.training.precision
     g = cal.gpu(gpu.name)
     peak = gpu.peak(precision)
-    frac = oh.sustained(gpu.name) * oh.framework(ctx.training.framework)
+    frac = oh.sustained(gpu.family) * oh.framework(ctx.training.framework)
     ideal = layer.matmul_flops / peak
     matmul = ideal / (g.matmul_efficiency(precision, ideal, gpu.peak_is_measured(precision)) * frac) \
         if ideal > 0 else 0.0
