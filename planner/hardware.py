@@ -27,7 +27,7 @@ class GPU:
     datasheet_flops: dict[str, float | None] = field(default_factory=dict, hash=False, compare=False)
     measured_matmul_flops: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
-    # Product line (catalog `family`, e.g. "a100" for both A100 sizes): the key of per-family
+    # Product line (catalog `family`: one key for every memory size of one part): the key of per-family
     # numbers such as the fitted sustained matmul fraction. None: none given (the family default).
     family: str | None = None
 

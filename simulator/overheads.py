@@ -29,6 +29,7 @@ from pathlib import Path
 
 from partita.planner.documents import Checker, load_document
 from partita.planner.enums import FRAMEWORKS
+from partita.planner.errors import PartitaError
 from partita.planner.paths import CALIBRATION_DIR
 
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
@@ -130,7 +131,6 @@ class Overheads:
         if family in self.sustained_by_family:
             return self.sustained_by_family[family]
         if self.sustained_default is None:
-            from partita.planner.errors import PartitaError
             raise PartitaError(f"sustained_matmul_fraction: no value for GPU family {family!r} and no "
                                f"`default` (families: {', '.join(sorted(self.sustained_by_family))})")
         return self.sustained_default
