@@ -37,9 +37,8 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.errors import PartitaError
+from partita.planner.units import GIB, MIB
 
-MIB = 2 ** 20
-GIB = 2 ** 30
 CPU_PRECISIONS = ("fp32", "bf16")
 CUDA_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from partita.planner.units import GIB
 from partita.simulator.result import Span
 
 # fault-injection phase (executor/faults.py) of each action category
@@ -279,23 +280,22 @@ def format_memory(memory: dict[str, Any] | None) -> list[str]:
     """The run table's memory lines."""
     if not memory:
         return []
-    gib = 2 ** 30
     predicted = any(r["predicted_bytes"] is not None for r in memory["ranks"])
     if not memory["measured"]:
         lines = [f"  {memory['note']}"]
         if predicted:
             per_stage = sorted({(r["pipeline_rank"], r["predicted_bytes"]) for r in memory["ranks"]})
             lines.append("  predicted memory per stage: " + ", ".join(
-                f"stage {pp} {b / gib:.2f} GiB" for pp, b in per_stage))
+                f"stage {pp} {b / GIB:.2f} GiB" for pp, b in per_stage))
         return lines
     lines = [f"  {'rank':>5}  {'stage':>5}  {'peak alloc GiB':>14}  {'reserved GiB':>12}  "
              f"{'predicted GiB':>13}"]
     for r in memory["ranks"]:
         pred = r["predicted_bytes"]
-        pred_text = f"{pred / gib:13.2f}" if pred is not None else f"{'none':>13}"
+        pred_text = f"{pred / GIB:13.2f}" if pred is not None else f"{'none':>13}"
         lines.append(f"  {r['rank']:>5}  {r['pipeline_rank']:>5}  "
-                     f"{r['peak_allocated_bytes'] / gib:14.2f}  "
-                     f"{r['peak_reserved_bytes'] / gib:12.2f}  {pred_text}")
+                     f"{r['peak_allocated_bytes'] / GIB:14.2f}  "
+                     f"{r['peak_reserved_bytes'] / GIB:12.2f}  {pred_text}")
     return lines
 
 

@@ -41,15 +41,16 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from partita.executor.plan import Coords, ExecPlan
 from partita.executor.stages import Chunk, TiedGroup, local_copies
+from partita.planner.units import MIB
 
 COLWISE = ("q_proj", "k_proj", "v_proj", "up_proj", "gate_proj", "rel_bias")
 ROWWISE = ("o_proj", "down_proj")
-BUCKET_BYTES = 25 * 2 ** 20          # DDP's default bucket_cap_mb
+BUCKET_BYTES = 25 * MIB          # DDP's default bucket_cap_mb
 
 
 def build_mesh(plan: ExecPlan, device_type: str) -> DeviceMesh:
-    return init_device_mesh(device_type, (plan.pipeline, plan.data, plan.tensor),
-                            mesh_dim_names=("pp", "dp", "tp"))
+    names, shape = plan.ranks.mesh(("pp", "dp", "tp"))     # ("pp", "dp", "tp"): slowest first
+    return init_device_mesh(device_type, shape, mesh_dim_names=names)
 
 
 def apply_tensor_parallel(chunk: Chunk, tp_mesh: DeviceMesh) -> None:

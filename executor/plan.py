@@ -12,15 +12,16 @@ embedding, the last chunk the head (planner/stages.py). A `module:` model is cut
 the embedding and head counting as layers, as the simulator profiles and splits it
 (simulator/profiled.py).
 
-Rank order is Megatron-LM's (tensor fastest, pipeline slowest; megatron/core/parallel_state.py
-RankGenerator), the same as simulator/placement.py: rank = tp + T * (dp + D * pp).
+Rank order is Megatron-LM's, the same as the simulator's: planner/ranks.py `RankGenerator` (tensor
+fastest, pipeline slowest; context parallelism is refused here, so cp = 1).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from partita.planner.errors import PartitaError
-from partita.planner.planspec import EXECUTED_PRECISIONS
+from partita.planner.enums import EXECUTED_PRECISIONS
+from partita.planner.ranks import RankGenerator
 from partita.planner.scenario import Scenario, check_plan, check_stages
 from partita.planner.stages import chunk_ranges, with_default_stages
 
@@ -84,13 +85,16 @@ class ExecPlan:
     def tokens_per_step(self) -> int:
         return self.global_batch * self.seq_len
 
+    @property
+    def ranks(self) -> RankGenerator:
+        return RankGenerator(tp=self.tensor, dp=self.data, pp=self.pipeline)
+
     def coords(self, rank: int) -> Coords:
-        tp = rank % self.tensor
-        dp = rank // self.tensor % self.data
-        return Coords(pp=rank // (self.tensor * self.data), dp=dp, tp=tp)
+        c = self.ranks.coords(rank)
+        return Coords(pp=c["pp"], dp=c["dp"], tp=c["tp"])
 
     def rank_of(self, c: Coords) -> int:
-        return c.tp + self.tensor * (c.dp + self.data * c.pp)
+        return self.ranks.rank(tp=c.tp, dp=c.dp, pp=c.pp)
 
     def stages_of(self, pp_rank: int) -> tuple[int, ...]:
         """The model chunks pipeline rank `pp_rank` holds: r, r + p, r + 2p, ... (looped placement)."""

@@ -13,6 +13,9 @@ File format (YAML or JSON; every key is optional at the top level):
     gpus:
       - name: local-cpu            # lookup is case-insensitive
         display_name: "..."
+        # family: a100             # optional product line (one key for all sizes of a part): the
+                                   # key of per-family fitted numbers (sustained_matmul_fraction);
+                                   # absent, or a family without a fitted number: its `default`
         memory_gib: 30             # capacity per device (per process for a CPU)
         mem_bw_GBps: 20            # decimal GB/s
         peak_dense_tflops: {fp32: 1.2}      # datasheet peaks; ABSENT precision = unsupported,

@@ -10,16 +10,12 @@ import datetime as _dt
 from typing import Any
 
 from partita.planner.documents import Checker
+from partita.planner.enums import PRECISIONS
 from partita.planner.errors import unknown_name
-from partita.planner.hardware import GPU, PRECISIONS, Fabric, Network, Price, System
+from partita.planner.hardware import GPU, Fabric, Network, Price, System
+from partita.planner.units import GB, GBIT, GIB, TFLOPS, US
 
-GIB = 2 ** 30
-GB = 1e9            # GB/s in the files are decimal
-TFLOPS = 1e12
-GBIT = 1e9 / 8      # bytes/s per Gbit/s
-US = 1e-6
-
-GPU_KEYS = ("name", "display_name", "arch", "form_factor", "memory_gib", "memory_type", "mem_bw_GBps",
+GPU_KEYS = ("name", "display_name", "family", "arch", "form_factor", "memory_gib", "memory_type", "mem_bw_GBps",
             "peak_dense_tflops", "measured_matmul_tflops", "nvlink_gen", "nvlink_links",
             "nvlink_unidir_GBps", "pcie_gen", "pcie_unidir_GBps", "sm_count", "l2_mb", "tdp_w",
             "derived", "notes", "source")
@@ -92,13 +88,23 @@ def parse_gpu(c: Checker) -> GPU:
             "(measured_matmul_tflops), not datasheet peaks.")
     return GPU(
         name=c.str("name", required=True), display_name=c.str("display_name", "") or "",
-        memory_bytes=round(_in_range(c, "memory_gib", required=True) * GIB),
+        family=_family(c), memory_bytes=round(_in_range(c, "memory_gib", required=True) * GIB),
         memory_bandwidth_bytes_per_s=_in_range(c, "mem_bw_GBps", required=True) * GB,
         peak_flops=peaks, nvlink_bytes_per_s=_scaled(c, "nvlink_unidir_GBps", GB),
         pcie_bytes_per_s=_scaled(c, "pcie_unidir_GBps", GB), source=source_list(c, required=True),
         notes=notes, datasheet_flops=datasheet, measured_matmul_flops=measured,
         extra=_extra(c, ("arch", "form_factor", "memory_type", "nvlink_gen", "nvlink_links", "pcie_gen",
                          "sm_count", "l2_mb", "tdp_w", "derived")))
+
+
+def _family(c: Checker) -> str | None:
+    """`family`: the product line, a lowercase key (e.g. a100 for a100-40gb and a100-80gb); absent
+    is None, which the simulator treats as a family without fitted numbers."""
+    family = c.str("family")
+    if family is not None and (family != family.lower() or not family.replace("-", "").isalnum()):
+        raise c.error(f"expected a lowercase key of letters, digits and '-' (e.g. a100), got {family!r}",
+                      "family")
+    return family
 
 
 def parse_system(c: Checker, gpus: dict[str, GPU]) -> System:

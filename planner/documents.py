@@ -18,9 +18,10 @@ from typing import Any
 import yaml
 
 from partita.planner.errors import PartitaError, closest
+from partita.planner.units import MIB
 
 
-MAX_FILE_BYTES = 16 * 2**20     # no scenario, catalog or CSV partita reads is near this
+MAX_FILE_BYTES = 16 * MIB     # no scenario, catalog or CSV partita reads is near this
 MAX_DEPTH = 32                  # mappings and lists inside each other
 MAX_NODES = 2_000_000           # values in one document, YAML aliases expanded
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
+from partita.planner.enums import PRECISIONS
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,9 @@ class GPU:
     datasheet_flops: dict[str, float | None] = field(default_factory=dict, hash=False, compare=False)
     measured_matmul_flops: dict[str, float] = field(default_factory=dict, hash=False, compare=False)
     extra: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    # Product line (catalog `family`: one key for every memory size of one part): the key of per-family
+    # numbers such as the fitted sustained matmul fraction. None: none given (the family default).
+    family: str | None = None
 
     def supports(self, precision: str) -> bool:
         return self.peak_flops.get(precision) is not None

@@ -23,8 +23,8 @@ from partita.planner.partition import Layer, LayerGraph, PartitionProblem, Tie
 from partita.planner.paths import CALIBRATION_DIR
 from partita.planner.profile import ModelProfile
 from partita.planner.scenario import ParallelSpec, TrainingSpec
+from partita.planner.units import GIB
 
-GIB = 1024 ** 3
 OPTIMIZER_STATE_BYTES = {"adam": 8.0, "sgd": 4.0}     # fp32 moments (Adam two, SGD momentum one)
 DEFAULT_HEADROOM = 0.05                               # of the usable memory, kept free
 

@@ -12,10 +12,9 @@ from typing import Any
 
 import yaml
 
+from partita.planner.enums import ARCHS
 from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import MODELS_DIR
-
-ARCHS = ("gpt", "llama", "bert", "t5")
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from partita.planner.enums import OPTIMIZE
 from partita.planner.errors import PartitaError
-
-OPTIMIZE = ("speed", "memory")
-GIB = 1024 ** 3
+from partita.planner.units import GIB
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,14 +15,13 @@ from typing import Any
 
 from partita.planner.candidates import RECOMPUTE_ORDER, ZERO_ORDER, Layout, gpu_counts
 from partita.planner.documents import load_document
+from partita.planner.enums import EXECUTED_PRECISIONS
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.sagemaker import translate
 from partita.planner.scenario import (PARALLEL_KEYS, Scenario, find_scenario_file, parse_scenario)
 
 VIRTUAL_CHOICES = (2, 3, 4, 6, 8)
-# What `partita run` executes (executor/plan.py checks plans against the same list).
-EXECUTED_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,6 +3,10 @@
 A profile comes from the analytic transformer model (`planner.costmodel`, no torch) or from
 tracing a torch module on the meta device (`planner.profiler`); both give the same record.
 FLOPs are per micro-batch, forward and backward separately, without recompute.
+
+Three modules, one profile: this one holds the record (types only, no torch); planner/profiler.py
+makes it from a torch module (torch at import); simulator/profiled.py turns it into step costs for
+a `model: {module: ...}` scenario, which has no transformer dimensions to cost analytically.
 """
 from __future__ import annotations
 

@@ -13,6 +13,9 @@ loss, so the head's activations include the fp32 log-softmax.
 `measure=True` also times each layer forward and backward on a real device (CUDA if available,
 else CPU): the layer alone is materialised there, run `warmup` times, then `repeats` times, and the
 median is kept, so a model far larger than the device still gets timed layer by layer.
+
+This module measures (torch at import); the record it returns is planner/profile.py's
+`ModelProfile`, and simulator/profiled.py costs a step from it.
 """
 from __future__ import annotations
 

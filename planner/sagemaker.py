@@ -25,12 +25,12 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from partita.planner.enums import OPTIMIZE
 from partita.planner.errors import PartitaError
 
 KEYS = ("partitions", "pipeline_parallel_degree", "tensor_parallel_degree", "microbatches",
         "pipeline", "optimize", "placement_strategy", "ddp")
 PIPELINE = {"simple": "gpipe", "interleaved": "1f1b"}
-OPTIMIZE = ("speed", "memory")
 
 
 def translate(doc: Any, origin: str = "", *, searching: bool = False) -> tuple[Any, dict[str, Any]]:

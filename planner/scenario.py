@@ -11,15 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
+from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, GRAD_REDUCE, OPTIMIZERS, PRECISIONS,
+                                   RECOMPUTE, SCHEDULES)
 from partita.planner.errors import PartitaError
-from partita.planner.modelspec import ARCHS, ModelSpec, TransformerDims
+from partita.planner.modelspec import ModelSpec, TransformerDims
 from partita.planner.paths import SCENARIOS_DIR
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
-PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")
-RECOMPUTE = ("none", "selective", "full")
-OPTIMIZERS = ("adam", "sgd")
-GRAD_REDUCE = ("auto", "ring", "tree", "hierarchical", "parameter-server")
 
 TOP_KEYS = ("name", "model", "cluster", "training", "parallel")
 DIM_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
@@ -28,8 +24,6 @@ MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
                  "framework", "launch_blocking")
-ATTENTION = ("flash", "unfused", "eager")
-FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap")

@@ -33,8 +33,8 @@ from partita.planner.planresult import (COLUMNS, Candidate, PlanResult, _budget,
 from partita.planner.planspec import PlanSpec, read_spec
 from partita.planner.refine import refine_stages
 from partita.planner.scenario import ParallelSpec, Scenario, check_plan
+from partita.planner.units import GIB
 
-GIB = 1024 ** 3
 OBJECTIVES = ("time", "cost", "memory")
 __all__ = ["plan", "PlanResult", "Candidate", "COLUMNS", "OBJECTIVES"]
 

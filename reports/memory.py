@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pandas as pd
 
+from partita.planner.units import GIB
 from partita.reports.figures import MEMORY_COLOURS, new_figure, png_bytes
 from partita.reports.html import FigureItem, Report, Section, TableItem
 
-GIB = 2 ** 30
 KINDS = ("parameters", "gradients", "optimizer", "activations", "buffers", "reserve")
 
 

@@ -20,6 +20,11 @@ An override file has any of the top-level sections of the shipped files, in the 
 
 Entries merge by name, field by field (a file may change one number of one GPU; one precision's
 matmul data is replaced whole); a new name adds an entry. Errors name the file and the key path.
+
+"Calibration" names three things in partita: these per-GPU and per-tier efficiency curves (this
+module); the numbers fitted end to end to published step times (simulator/fitting.py writes
+data/calibration/fitted.yaml, simulator/overheads.py reads it); and measuring this machine
+(`partita calibrate`, executor/calibrate.py, which writes an override file of this module's format).
 """
 from __future__ import annotations
 
@@ -32,12 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
+from partita.planner.enums import FRAMEWORKS
 from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import CALIBRATION_DIR
-from partita.planner.scenario import FRAMEWORKS
+from partita.planner.units import GIB
 
 MB = 1e6
-GIB = 1024 ** 3
 PRECISION_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 GPU_KEYS = ("like", "matmul", "memory_efficiency_by_mb", "attention_forward_efficiency",
             "attention_backward_efficiency", "kernel_floor_us", "source", "notes")

@@ -16,12 +16,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from partita.planner.costmodel import Gemm, element_bytes
+from partita.planner.enums import RECOMPUTE
 from partita.planner.errors import PartitaError
 from partita.planner.hardware import GPU
 from partita.planner.modelspec import TransformerDims
 from partita.simulator.calibration import Calibration, GpuCalibration
 
-RECOMPUTE = ("none", "selective", "full")
 CAUSAL_FRACTION = 0.5      # flash kernels skip the masked upper triangle (FA2/FA3 count it so too)
 FLASH_BWD_FACTOR = 2.5     # flash backward: 5 matmuls (recomputes QK^T) against 2 forward (FA2 paper)
 ELEMENTWISE_BWD_FACTOR = 2.0   # backward reads the saved input and the incoming gradient, writes one

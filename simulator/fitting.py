@@ -76,18 +76,18 @@ class Predictor:
         self._simulate = simulate
         self._catalog = catalog
         self._cache: dict[tuple, float | None] = {}
-        self._gpu: dict[str, str] = {}
+        self._gpu: dict[str, str | None] = {}
 
-    def gpu_name(self, m: MappedRow) -> str:
+    def gpu_family(self, m: MappedRow) -> str | None:
         if m.row_id not in self._gpu:
             from partita.simulator.context import resolve
-            self._gpu[m.row_id] = resolve(m.scenario, self._catalog).system.gpu.name
+            self._gpu[m.row_id] = resolve(m.scenario, self._catalog).system.gpu.family
         return self._gpu[m.row_id]
 
     def key(self, m: MappedRow, oh: Overheads) -> tuple:
         t, p = m.scenario.training, m.scenario.parallel
         fw = t.framework
-        return (m.row_id, oh.sustained(self.gpu_name(m)), oh.attention_fraction,
+        return (m.row_id, oh.sustained(self.gpu_family(m)), oh.attention_fraction,
                 oh.fp8_matmul_fraction if t.precision == "fp8" else None, oh.framework(fw),
                 oh.zero3_collectives(fw) if p.zero >= 3 else None)
 
@@ -124,7 +124,7 @@ def fit(rows: Sequence[MappedRow], catalog, *, predictor: Predictor | None = Non
     pred = predictor if predictor is not None else Predictor(catalog)
     # A GPU family no row runs on is not fitted: it gets the median of the fitted families, as the
     # simulator gives a family without rows (`Overheads.sustained_default`).
-    seen = {f for f in FAMILIES for m in rows if pred.gpu_name(m).lower().startswith(f)}
+    seen = {f for f in FAMILIES for m in rows if pred.gpu_family(m) == f}
     unseen = [f"sustained_matmul_fraction.{f}" for f in FAMILIES if f not in seen]
     free = [p for p in PARAMS if p.name not in unseen]
     start = np.array([p.start for p in free])

@@ -3,6 +3,7 @@
 Sources report throughput in different currencies (seconds per iteration, tokens/s, TFLOP/s per
 GPU, MFU, weak-scaling efficiency, days per epoch). `step_time_from_metric` turns each into the one
 quantity the simulator predicts, the time of one optimizer step, and says which formula it used.
+(What `partita run` measures on this machine is executor/measure.py, unrelated to this module.)
 
 [Note: FLOP conventions]
 Per token of one step, a transformer block costs, forward (the GEMMs of planner.costmodel, which

@@ -28,6 +28,8 @@ from functools import lru_cache
 from pathlib import Path
 
 from partita.planner.documents import Checker, load_document
+from partita.planner.enums import FRAMEWORKS
+from partita.planner.errors import PartitaError
 from partita.planner.paths import CALIBRATION_DIR
 
 TRAINING_FILE = CALIBRATION_DIR / "training.yaml"
@@ -41,12 +43,11 @@ FITTED_KEYS = ("sustained_matmul_fraction", "zero3_collective_fraction")
 FACT_KEYS = tuple(k for k in KEYS if k not in FITTED_KEYS)
 LIST_COLLECTIVES = ("all_gather", "reduce_scatter")
 FAMILIES = ("default", "v100", "a100", "h100", "h200")
-FRAMEWORKS = ("megatron", "deepspeed", "fsdp")
 
 
 @dataclass(frozen=True)
 class Overheads:
-    sustained_default: float = 1.0
+    sustained_default: float | None = 1.0     # None: the file fits families but gives no default
     sustained_by_family: dict[str, float] = field(default_factory=dict, hash=False)
     block_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
@@ -124,11 +125,14 @@ class Overheads:
         """Fraction of the modelled bandwidth a framework's ZeRO-3 collectives reach."""
         return self.zero3_collective_fraction.get(name, 1.0)
 
-    def sustained(self, gpu_name: str) -> float:
-        """The sustained matmul fraction for a catalog GPU name (its family is the name's prefix)."""
-        for family, value in self.sustained_by_family.items():
-            if gpu_name.lower().startswith(family):
-                return value
+    def sustained(self, family: str | None) -> float:
+        """The sustained matmul fraction of a GPU family (the catalog's `gpus[].family`); a family
+        without a fitted number, or a GPU without a family, gets `default` (their median)."""
+        if family in self.sustained_by_family:
+            return self.sustained_by_family[family]
+        if self.sustained_default is None:
+            raise PartitaError(f"sustained_matmul_fraction: no value for GPU family {family!r} and no "
+                               f"`default` (families: {', '.join(sorted(self.sustained_by_family))})")
         return self.sustained_default
 
 
@@ -151,6 +155,7 @@ def _load(path: str, mtime: int, fitted: str | None, fitted_mtime: int) -> Overh
     if c.has("sustained_matmul_fraction"):
         sub = c.sub("sustained_matmul_fraction")
         sub.only(FAMILIES)
+        default = None                              # unless the section gives one
         for key in sub.mapping:
             value = sub.number(key)
             if value > 1.0:

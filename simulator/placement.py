@@ -1,14 +1,15 @@
 """Where each rank of a TP x CP x DP x PP plan sits, and how its communication groups span nodes.
 
-Rank order follows Megatron-LM's default `tp-cp-ep-dp-pp` (tensor fastest, pipeline slowest;
-megatron/core/parallel_state.py RankGenerator): rank = tp + T*(cp + C*(dp + D*pp)). Ranks fill nodes
-in order, `gpus_per_node` at a time. A group's shape decides which links its collectives use and how
+Rank order is Megatron-LM's (planner/ranks.py `RankGenerator`: tensor fastest, pipeline slowest).
+Ranks fill nodes in order, `gpus_per_node` at a time. A group's shape decides which links its collectives use and how
 many GPUs of one node share that node's network interfaces at the same moment.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from math import ceil
+
+from partita.planner.ranks import RankGenerator
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class Placement:
         return self.tensor * self.context * self.data * self.pipeline
 
     @property
+    def ranks(self) -> RankGenerator:
+        return RankGenerator(tp=self.tensor, cp=self.context, dp=self.data, pp=self.pipeline)
+
+    @property
     def nodes(self) -> int:
         return ceil(self.gpus / self.gpus_per_node)
 
@@ -58,13 +63,13 @@ class Placement:
         return GroupShape(size, per_node, nodes, max(1, sharing))
 
     def tp_group(self) -> GroupShape:
-        return self._group(1, self.tensor)
+        return self._group(self.ranks.stride("tp"), self.tensor)
 
     def cp_group(self) -> GroupShape:
-        return self._group(self.tensor, self.context)
+        return self._group(self.ranks.stride("cp"), self.context)
 
     def dp_group(self) -> GroupShape:
-        return self._group(self.tensor * self.context, self.data)
+        return self._group(self.ranks.stride("dp"), self.data)
 
     def pp_neighbours_same_node(self) -> tuple[bool, ...]:
         """For each boundary between pipeline rank i and i+1: are the two ranks on one node?
@@ -72,14 +77,13 @@ class Placement:
         Both ranks of the first model-parallel group (dp = 0, cp = 0, tp = 0) are checked; every
         other group has the same layout when group sizes divide the node size.
         """
-        stride = self.tensor * self.context * self.data
+        ranks = self.ranks
         out = []
         for i in range(self.pipeline - 1):
-            a, b = i * stride, (i + 1) * stride
+            a, b = ranks.rank(pp=i), ranks.rank(pp=i + 1)
             out.append(a // self.gpus_per_node == b // self.gpus_per_node)
         return tuple(out)
 
     def pp_sharing(self) -> int:
         """GPUs of a node sending pipeline activations off-node at once (they share the NICs)."""
-        stride = self.tensor * self.context * self.data
-        return max(1, min(self.gpus_per_node, stride))
+        return max(1, min(self.gpus_per_node, self.ranks.stride("pp")))

@@ -6,6 +6,10 @@ FLOPs at the GPU's matmul efficiency for one GEMM of that ideal time, times the 
 plus its saved and passed activation bytes moved at memory bandwidth; the backward does twice the
 forward's matmul work (Narayanan et al. 2021, Sec. 3.4) and twice its memory traffic. Tensor,
 context and sequence parallelism and ZeRO-3 need a transformer model and are refused.
+
+This module only reads profiles: the record is planner/profile.py's `ModelProfile`, made by
+planner/profiler.py (`load_profile` below calls it). A transformer scenario is costed by
+simulator/compute.py and stagecosts.py instead.
 """
 from __future__ import annotations
 
@@ -50,7 +54,7 @@ def _layer_times(layer, ctx, cal, oh) -> tuple[float, float, float]:
     gpu, precision = ctx.system.gpu, ctx.training.precision
     g = cal.gpu(gpu.name)
     peak = gpu.peak(precision)
-    frac = oh.sustained(gpu.name) * oh.framework(ctx.training.framework)
+    frac = oh.sustained(gpu.family) * oh.framework(ctx.training.framework)
     ideal = layer.matmul_flops / peak
     matmul = ideal / (g.matmul_efficiency(precision, ideal, gpu.peak_is_measured(precision)) * frac) \
         if ideal > 0 else 0.0

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-GIB = 1024 ** 3
+from partita.planner.units import GIB
 
 
 @dataclass(frozen=True)

@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document, read_text
+from partita.planner.enums import FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES
 from partita.planner.errors import PartitaError, closest
 from partita.planner.paths import VALIDATION_DIR
-from partita.planner.scenario import FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES, Scenario, parse_scenario
+from partita.planner.scenario import Scenario, parse_scenario
 from partita.simulator import rowcells as cells
 from partita.simulator.measured import CONVENTIONS, Unconvertible, step_time_from_metric
 from partita.simulator.rowcells import Skip

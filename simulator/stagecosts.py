@@ -56,11 +56,11 @@ def _add(parts: dict[str, float], key: str, value: float) -> None:
         parts[key] = parts.get(key, 0.0) + value
 
 
-def sustained(lt: LayerTimes, oh: Overheads, gpu_name: str, precision: str,
+def sustained(lt: LayerTimes, oh: Overheads, family: str | None, precision: str,
               per_layer_s: float = 0.0, framework: str = "megatron") -> LayerTimes:
     """A layer's times with matmul and attention work at the fractions a training run sustains
     (per GPU family, for fp8, for attention kernels, for the framework) and a fixed per-layer cost."""
-    frac = oh.sustained(gpu_name) * oh.framework(framework)
+    frac = oh.sustained(family) * oh.framework(framework)
     slow = 1.0 / (frac * oh.attention_fraction) - 1.0                  # attention (16-bit)
     slow_g = 1.0 / (frac * (oh.fp8_matmul_fraction if precision == "fp8" else 1.0)) - 1.0
     p = lt.parts.get
@@ -82,7 +82,7 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                                  t.precision, t.recompute, gpu, cal, decoder=decoder,
                                  attention=t.attention)
-    lt = sustained(lt, oh, gpu.name, t.precision, oh.block_overhead(t.framework), t.framework)
+    lt = sustained(lt, oh, gpu.family, t.precision, oh.block_overhead(t.framework), t.framework)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
     _add(parts, "compute", compute_f + compute_b)
@@ -204,7 +204,7 @@ def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads,
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
     head = sustained(head_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
-                                t.precision, gpu, cal), oh, gpu.name, t.precision,
+                                t.precision, gpu, cal), oh, gpu.family, t.precision,
                     framework=t.framework)
     ranges = chunk_ranges(d.total_layers, p)
     out = []

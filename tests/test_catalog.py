@@ -369,3 +369,21 @@ def test_unknown_system_names_the_scenario_key(tmp_path, capsys):
     assert main(["simulate", str(scenario)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f"error: {scenario}: cluster.system: unknown system 'p4d.24xlarg'; did you mean")
+
+
+def test_every_gpu_has_a_family_and_sizes_of_one_part_share_it(catalog):
+    gpus = {n: catalog.gpu(n) for n in catalog.gpu_names()}
+    assert all(g.family for g in gpus.values())
+    assert gpus["a100-40gb"].family == gpus["a100-80gb"].family == "a100"
+    assert gpus["v100-16gb"].family == gpus["v100-32gb"].family == "v100"
+    assert gpus["h100-80gb"].family == "h100" and gpus["h200-141gb"].family == "h200"
+
+
+def test_user_gpu_family_is_optional_and_checked(tmp_path):
+    gpu = {"name": "my-gpu", "memory_gib": 24, "mem_bw_GBps": 900, "peak_dense_tflops": {"bf16": 100},
+           "source": ["datasheet"]}
+    assert load_catalog(write(tmp_path, {"gpus": [gpu]})).gpu("my-gpu").family is None
+    assert load_catalog(write(tmp_path, {"gpus": [dict(gpu, family="h100")]}, "b.yaml")) \
+        .gpu("my-gpu").family == "h100"
+    with pytest.raises(PartitaError, match=r"gpus\[0\]\.family: expected a lowercase key"):
+        load_catalog(write(tmp_path, {"gpus": [dict(gpu, family="H 100")]}, "c.yaml"))

@@ -486,3 +486,20 @@ def test_hf_config_without_seq_len_is_an_error(tmp_path, capsys):
     assert "model.seq_len: required with hf_config" in err and "32768" in err
     doc["model"]["seq_len"] = 1024
     assert main(["simulate", write(tmp_path, "m2.yaml", doc)]) == 0
+
+
+def test_sustained_fraction_is_looked_up_by_catalog_family(tmp_path):
+    from partita.planner.catalog import load_catalog
+    from partita.planner.errors import PartitaError
+    from partita.simulator.overheads import load_overheads
+    oh, cat = load_overheads(), load_catalog()
+    assert oh.sustained(cat.gpu("h200-141gb").family) == oh.sustained_by_family["h200"]
+    assert oh.sustained(cat.gpu("a100-40gb").family) == oh.sustained(cat.gpu("a100-80gb").family)
+    # a family without a fitted number and a GPU without a family get the file's `default`
+    assert oh.sustained(cat.gpu("b200").family) == oh.sustained(None) == oh.sustained_default
+    path = tmp_path / "mine.yaml"
+    path.write_text("sustained_matmul_fraction: {a100: 0.7}\n")
+    mine = load_overheads(path)
+    assert mine.sustained("a100") == 0.7
+    with pytest.raises(PartitaError, match="no value for GPU family 'b200' and no `default`"):
+        mine.sustained("b200")

@@ -503,11 +503,11 @@ def test_fit_recovers_a_fraction_and_gives_unseen_families_the_median():
     from partita.simulator.fitting import fit
 
     class Stub:
-        def gpu_name(self, m):
-            return "a100-80gb"
+        def gpu_family(self, m):
+            return "a100"
 
         def errors(self, rows, oh):
-            return {m.row_id: oh.sustained("a100-80gb") / 0.8 * m.scale - 1.0 for m in rows}
+            return {m.row_id: oh.sustained("a100") / 0.8 * m.scale - 1.0 for m in rows}
 
     rows = [SimpleNamespace(row_id=f"R{i}", scale=s) for i, s in enumerate((0.98, 1.0, 1.02))]
     result = fit(rows, catalog=None, predictor=Stub())

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.errors import PartitaError
+from partita.planner.units import MIB
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -138,7 +139,7 @@ def _print(result, check: dict[str, Any], catalog_path: Path, calibration_path: 
         w(f"  matmul {p:<5}     best {result.best_flops(p) / 1e12:.4g} TFLOP/s\n")
     big_bytes, big_rate = result.copy[-1]
     w(f"  copy             best {result.memory_bytes_per_s / 1e9:.4g} GB/s; "
-      f"{big_bytes / 2 / 2 ** 20:.0f} MiB at {big_rate / 1e9:.4g} GB/s\n")
+      f"{big_bytes / 2 / MIB:.0f} MiB at {big_rate / 1e9:.4g} GB/s\n")
     a = result.attention
     w(f"  attention        forward {a['forward_s'] * 1e3:.3g} ms, forward+backward "
       f"{a['forward_backward_s'] * 1e3:.3g} ms ({'x'.join(map(str, a['shape']))}, causal)\n")

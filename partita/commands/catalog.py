@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from partita.commands import add_catalog_option, catalog_from_args
+from partita.planner.units import GB, GBIT, GIB
 
 MEASURED = "*"      # marks a FLOP/s figure that is a measured matmul rate, not a datasheet peak
 
@@ -88,22 +89,22 @@ def run_show(args: argparse.Namespace) -> int:
 
 def _system_row(s) -> dict[str, Any]:
     return {"name": s.name, "kind": s.kind, "gpu": s.gpu.name, "gpus_per_node": s.gpus_per_node,
-            "gpu_memory_gib": s.gpu.memory_bytes / 2 ** 30,
+            "gpu_memory_gib": s.gpu.memory_bytes / GIB,
             "peak_tflops": {p: v / 1e12 for p, v in s.gpu.peak_flops.items()},
-            "intra_node": {"kind": s.intra.kind, "unidir_GBps": _div(s.intra.bytes_per_s, 1e9)},
+            "intra_node": {"kind": s.intra.kind, "unidir_GBps": _div(s.intra.bytes_per_s, GB)},
             "inter_node": {"kind": s.inter.kind, "nics": s.inter.nics,
-                           "gbps": _div(s.inter.bytes_per_s, 1e9 / 8)},
+                           "gbps": _div(s.inter.bytes_per_s, GBIT)},
             "usd_per_hour": s.price.best_usd_per_hour, "price_date": s.price.date,
             "region": s.price.region}
 
 
 def _gpu_row(g) -> dict[str, Any]:
-    return {"name": g.name, "display_name": g.display_name, "memory_gib": g.memory_bytes / 2 ** 30,
-            "mem_bw_GBps": g.memory_bandwidth_bytes_per_s / 1e9,
+    return {"name": g.name, "display_name": g.display_name, "memory_gib": g.memory_bytes / GIB,
+            "mem_bw_GBps": g.memory_bandwidth_bytes_per_s / GB,
             "peak_tflops": {p: v / 1e12 for p, v in g.peak_flops.items()},
             "measured": [p for p in g.peak_flops if g.peak_is_measured(p)],
-            "nvlink_unidir_GBps": _div(g.nvlink_bytes_per_s, 1e9),
-            "pcie_unidir_GBps": _div(g.pcie_bytes_per_s, 1e9)}
+            "nvlink_unidir_GBps": _div(g.nvlink_bytes_per_s, GB),
+            "pcie_unidir_GBps": _div(g.pcie_bytes_per_s, GB)}
 
 
 def _systems_table(systems) -> str:
@@ -113,10 +114,10 @@ def _systems_table(systems) -> str:
         prec = next((p for p in ("bf16", "fp16", "fp32") if s.gpu.supports(p)), None)
         flops = f"{_tflops(s.gpu, prec)} {prec}" if prec else "-"
         fabric = s.intra.kind if s.intra.kind == "none" else \
-            f"{s.intra.kind} {_num(_div(s.intra.bytes_per_s, 1e9))}"
+            f"{s.intra.kind} {_num(_div(s.intra.bytes_per_s, GB))}"
         net = "-" if s.inter.kind == "none" else \
-            f"{s.inter.kind} {_num(_div(s.inter.bytes_per_s, 1e9 / 8))}"
-        rows.append((s.name, s.kind, s.gpu.name, str(s.gpus_per_node), _num(s.gpu.memory_bytes / 2 ** 30),
+            f"{s.inter.kind} {_num(_div(s.inter.bytes_per_s, GBIT))}"
+        rows.append((s.name, s.kind, s.gpu.name, str(s.gpus_per_node), _num(s.gpu.memory_bytes / GIB),
                      flops, fabric, net, _num(s.price.best_usd_per_hour)))
     return _table(head, rows)
 
@@ -127,9 +128,9 @@ def _gpus_table(gpus) -> str:
         ("NVLINK GB/S", "PCIE GB/S")
     rows = []
     for g in gpus:
-        rows.append((g.name, _num(g.memory_bytes / 2 ** 30), _num(g.memory_bandwidth_bytes_per_s / 1e9))
+        rows.append((g.name, _num(g.memory_bytes / GIB), _num(g.memory_bandwidth_bytes_per_s / GB))
                     + tuple(_tflops(g, p) for p in precisions)
-                    + (_num(_div(g.nvlink_bytes_per_s, 1e9)), _num(_div(g.pcie_bytes_per_s, 1e9))))
+                    + (_num(_div(g.nvlink_bytes_per_s, GB)), _num(_div(g.pcie_bytes_per_s, GB))))
     return _table(head, rows)
 
 

@@ -20,8 +20,8 @@ import json
 import partita.commands as commands
 from partita.commands import add_catalog_option
 from partita.planner.errors import PartitaError
+from partita.planner.units import MIB
 
-MIB = 2**20
 W = 12            # width of a numeric column
 
 

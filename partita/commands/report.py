@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from partita.commands import add_catalog_option, catalog_from_args
+from partita.planner.enums import GRAD_REDUCE
 from partita.planner.errors import PartitaError
 
 PER_BILLION = 1e9           # compare's token budget when none is given: cost per billion tokens
@@ -113,7 +114,6 @@ def _load(file: str):
 
 def _scaling(args: argparse.Namespace) -> int:
     from partita.reports.scaling import parse_nodes, scaling_report, sweep
-    from partita.planner.scenario import GRAD_REDUCE
     nodes = parse_nodes(args.nodes)
     reductions = tuple(g.strip() for g in args.grad_reduce.split(",") if g.strip())
     for g in reductions:

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from partita.commands import add_catalog_option, catalog_from_args
 from partita.planner.errors import PartitaError
+from partita.planner.units import GIB
 
 
 MAX_SEED = 2**32 - 1       # numpy's and every torch generator's range
@@ -184,9 +185,9 @@ def _check_host_memory(scenario, plan, nproc: int, backend: str) -> None:
     need = (weights + grads) * nproc / plan.world                   # this machine's share
     if need > available:
         where = f"{scenario.origin}: " if scenario.origin else ""
-        raise PartitaError(f"{where}model: {nproc} CPU processes need at least {need / 2**30:,.1f} GiB "
+        raise PartitaError(f"{where}model: {nproc} CPU processes need at least {need / GIB:,.1f} GiB "
                            f"for weights and gradients alone, and this machine has "
-                           f"{available / 2**30:,.1f} GiB available; use a smaller model")
+                           f"{available / GIB:,.1f} GiB available; use a smaller model")
 
 
 def _available_bytes() -> int | None:

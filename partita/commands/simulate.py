@@ -7,6 +7,7 @@ import sys
 
 from partita.commands import add_catalog_option, catalog_from_args
 from partita.planner.errors import PartitaError
+from partita.planner.units import GIB
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +69,7 @@ def format_summary(scenario, r, path: str) -> str:
            if getattr(r, "step_time_interval_s", None) else ""),
         f"  throughput       {r.tokens_per_s:10.1f} tokens/s   {r.samples_per_s:.2f} samples/s",
         f"  model TFLOP/s    {r.tflops_per_gpu:10.1f} per GPU   MFU {100 * r.mfu:.1f}%",
-        f"  peak memory      {r.peak_memory_gib:10.2f} GiB of {r.memory_capacity_bytes / 2**30:.1f} GiB"
+        f"  peak memory      {r.peak_memory_gib:10.2f} GiB of {r.memory_capacity_bytes / GIB:.1f} GiB"
         + ("" if r.fits_in_memory else "   DOES NOT FIT"),
         f"  bubble           {100 * r.bubble_fraction:10.1f} %",
     ]
@@ -80,7 +81,7 @@ def format_summary(scenario, r, path: str) -> str:
     for key, value in r.breakdown_s.items():
         lines.append(f"    {key:<14} {value:10.4f} s  {100 * value / total:5.1f}%")
     lines.append("  memory per GPU (GiB): " + ", ".join(
-        f"{k} {v / 2**30:.2f}" for k, v in r.memory_breakdown_bytes.items()))
+        f"{k} {v / GIB:.2f}" for k, v in r.memory_breakdown_bytes.items()))
     lines += stage_lines(r)
     return "\n".join(lines)
 
@@ -102,10 +103,10 @@ def stage_lines(r) -> list[str]:
         return []
     width = max(6, max(len(layer_text(c)) for c in layers))
     head = "  ".join(f"{k:>7}" for k in STAGE_LABELS)
-    out = [f"  per stage (blocks; memory per GPU in GiB, of {r.memory_capacity_bytes / 2**30:.1f}):",
+    out = [f"  per stage (blocks; memory per GPU in GiB, of {r.memory_capacity_bytes / GIB:.1f}):",
            f"    {'stage':>5}  {'blocks':<{width}}  {head}  {'total':>7}"]
     for rank, (chunks, mem) in enumerate(zip(layers, memory)):
-        cells = "  ".join(f"{mem[k] / 2**30:7.2f}" for k in STAGE_KEYS)
-        total = sum(mem[k] for k in STAGE_KEYS) / 2**30
+        cells = "  ".join(f"{mem[k] / GIB:7.2f}" for k in STAGE_KEYS)
+        total = sum(mem[k] for k in STAGE_KEYS) / GIB
         out.append(f"    {rank:>5}  {layer_text(chunks):<{width}}  {cells}  {total:7.2f}")
     return out

@@ -1,0 +1,19 @@
+"""The allowed values of every scenario and catalog choice, each written once.
+
+Tuples (not `enum.Enum`) because the values are the strings users write in scenario documents
+(../shared/specs/scenario.md) and `Checker.choice` names them in its errors; order is the order the
+errors list them in. Megatron-Core keeps its choices the same way in one place
+(megatron/core/enums.py).
+"""
+from __future__ import annotations
+
+ARCHS = ("gpt", "llama", "bert", "t5")                                 # model.arch
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")                   # training.precision, catalog FLOP/s keys
+EXECUTED_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")                 # what `partita run` executes
+RECOMPUTE = ("none", "selective", "full")                              # training.recompute
+OPTIMIZERS = ("adam", "sgd")                                           # training.optimizer
+ATTENTION = ("flash", "unfused", "eager")                              # training.attention
+FRAMEWORKS = ("megatron", "deepspeed", "fsdp")                         # training.framework
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")       # parallel.schedule
+GRAD_REDUCE = ("auto", "ring", "tree", "hierarchical", "parameter-server")  # parallel.grad_reduce
+OPTIMIZE = ("speed", "memory")                                         # the partitioner's objective
