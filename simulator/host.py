@@ -1,7 +1,10 @@
 """Host-side cost of a transformer block's operators: dispatch and kernel launch against device time.
 
-Every PyTorch operator costs the host `op_dispatch_s` (Python, dispatcher, autograd recording) and
-each kernel a launch (`launch_s`) before the GPU can run it (data/calibration/host.yaml). Launches
+Every kernel-launching PyTorch operator costs the host `op_dispatch_s` in the forward (Python,
+module calls, dispatcher, autograd recording, the view and layout ops around it) and
+`backward_op_dispatch_s` in the backward (the autograd engine's node), both measured per kernel on
+a whole transformer block (benchmarks/bench_host_dispatch.py), and each kernel a launch
+(`launch_s`) before the GPU can run it (data/calibration/host.yaml). Launches
 are asynchronous, so the host runs ahead while the GPU works: a block pass costs
 max(device, host) and the host is exposed only where it is the bottleneck (small models, small
 micro-batches). With CUDA_LAUNCH_BLOCKING=1 (`training.launch_blocking`) every launch waits for its
@@ -29,26 +32,37 @@ from partita.planner.documents import Checker, load_document
 from partita.planner.paths import CALIBRATION_DIR
 
 HOST_FILE = CALIBRATION_DIR / "host.yaml"
-KEYS = ("op_dispatch_us", "launch_us", "launch_blocking_wait_us", "source")
+KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "launch_us", "launch_blocking_wait_us",
+        "source")
 BACKWARD_KERNELS_PER_FORWARD = 2
 
 
 @dataclass(frozen=True)
 class HostCosts:
-    op_dispatch_s: float = 0.0
+    op_dispatch_s: float = 0.0                    # per forward kernel (autograd recording)
     launch_s: float = 0.0
     launch_blocking_wait_s: float = 0.0
+    backward_op_dispatch_s: float | None = None   # per backward kernel; None: = op_dispatch_s
 
     @property
     def per_kernel_s(self) -> float:
-        """Host seconds before one kernel can run: the op's dispatch and its launch."""
+        """Host seconds before one forward kernel can run: the op's dispatch and its launch."""
         return self.op_dispatch_s + self.launch_s
 
-    def exposed(self, device_s: float, kernels: float, blocking: bool) -> float:
-        """Seconds the host adds to `device_s` of GPU work made of `kernels` launches."""
-        host = kernels * self.per_kernel_s
+    @property
+    def per_backward_kernel_s(self) -> float:
+        """Host seconds before one backward kernel can run: the autograd engine's work for it
+        and its launch."""
+        b = self.op_dispatch_s if self.backward_op_dispatch_s is None else self.backward_op_dispatch_s
+        return b + self.launch_s
+
+    def exposed(self, device_s: float, kernels: float, blocking: bool,
+                backward_kernels: float = 0.0) -> float:
+        """Seconds the host adds to `device_s` of GPU work made of `kernels` forward and
+        `backward_kernels` backward launches."""
+        host = kernels * self.per_kernel_s + backward_kernels * self.per_backward_kernel_s
         if blocking:
-            return host + kernels * self.launch_blocking_wait_s
+            return host + (kernels + backward_kernels) * self.launch_blocking_wait_s
         return max(0.0, host - device_s)
 
 
@@ -68,12 +82,16 @@ def _load(path: str, mtime: int) -> HostCosts:
     c.only(KEYS)
     values = {}
     for key in KEYS[:-1]:
+        if key == "backward_op_dispatch_us" and key not in c.mapping:
+            values[key] = None                            # as the forward's (op_dispatch_us)
+            continue
         value = c.number(key, 0.0, positive=False)
         if value < 0.0:
             raise c.error(f"must be >= 0, got {value}", key)
         values[key] = value * 1e-6
-    return HostCosts(values["op_dispatch_us"], values["launch_us"],
-                     values["launch_blocking_wait_us"])
+    return HostCosts(op_dispatch_s=values["op_dispatch_us"], launch_s=values["launch_us"],
+                     launch_blocking_wait_s=values["launch_blocking_wait_us"],
+                     backward_op_dispatch_s=values["backward_op_dispatch_us"])
 
 
 def load_host_costs(path: str | Path = HOST_FILE) -> HostCosts:

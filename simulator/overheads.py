@@ -118,7 +118,8 @@ class Overheads:
         (forward, recompute and backward together). Those runs set CUDA_LAUNCH_BLOCKING=1
         (tr11-176B-ml.slurm), which leaves every kernel's host-side launch exposed. That is now
         modelled where launches block (`training.launch_blocking`, `simulator.host`) with published
-        latencies, which account for about 0.2 ms of the 3.3 ms; the rest is not explained."""
+        latencies and the host time per kernel measured on a whole block, which account for about
+        0.4 ms of the 3.3 ms; the rest is not explained."""
         return self.block_overhead_s + self.framework_block_overhead_s.get(name, 0.0)
 
     def zero3_collectives(self, name: str) -> float:

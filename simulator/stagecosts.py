@@ -132,9 +132,10 @@ def _host(ctx: StepContext, host: HostCosts, decoder: bool, fwd: float, bwd: flo
     exposed: beyond the device time, or all of it when launches block."""
     t, p = ctx.training, ctx.parallel
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention)
-    kb = BACKWARD_KERNELS_PER_FORWARD * kf + (kf if t.recompute == "full" else 0)
+    recomputed = kf if t.recompute == "full" else 0          # a forward again, recording autograd
     hf = host.exposed(fwd, kf, t.launch_blocking)
-    hb = host.exposed(bwd, kb, t.launch_blocking)
+    hb = host.exposed(bwd, recomputed, t.launch_blocking,
+                      backward_kernels=BACKWARD_KERNELS_PER_FORWARD * kf)
     _add(parts, "host", hf + hb)
     new_b = bwd + hb
     return fwd + hf, new_b, bwd_w * (new_b / bwd if bwd else 1.0)

@@ -410,6 +410,32 @@ def test_launch_blocking_adds_host_time_to_every_kernel():
     assert blocking.backward_s - free.backward_s == pytest.approx(8 * 2 * kf * 10e-6, rel=1e-9)
 
 
+def test_backward_kernels_cost_their_own_host_time_and_recompute_the_forwards():
+    from partita.simulator.host import HostCosts, forward_kernels
+    same = HostCosts(op_dispatch_s=3e-6, launch_s=2e-6, launch_blocking_wait_s=5e-6)
+    cheap_bwd = HostCosts(op_dispatch_s=3e-6, launch_s=2e-6, launch_blocking_wait_s=5e-6,
+                          backward_op_dispatch_s=1e-6)
+    assert same.per_backward_kernel_s == same.per_kernel_s      # None: as the forward's
+    doc = small(tensor=2, pipeline=1, data=8)
+    doc["training"]["launch_blocking"] = True
+    doc["training"]["recompute"] = "full"
+    a, b = _chunks(doc, same)[0], _chunks(doc, cheap_bwd)[0]
+    kf = forward_kernels(decoder=False, tensor=2, attention="flash")
+    assert a.forward_s == b.forward_s                        # forward kernels: op_dispatch_s
+    # the backward's 2 kf kernels save 2 us each; the recomputed forward's kf kernels do not
+    assert a.backward_s - b.backward_s == pytest.approx(8 * 2 * kf * 2e-6, rel=1e-9)
+
+
+def test_host_yaml_without_a_backward_dispatch_uses_the_forwards(tmp_path):
+    from partita.simulator.host import load_host_costs
+    f = tmp_path / "host.yaml"
+    f.write_text("op_dispatch_us: 4.0\nlaunch_us: 1.0\nlaunch_blocking_wait_us: 0.0\n")
+    host = load_host_costs(f)
+    assert host.backward_op_dispatch_s is None and host.per_backward_kernel_s == pytest.approx(5e-6)
+    f.write_text("op_dispatch_us: 4.0\nbackward_op_dispatch_us: 2.0\nlaunch_us: 1.0\n")
+    assert load_host_costs(f).per_backward_kernel_s == pytest.approx(3e-6)
+
+
 def test_tied_embedding_gradients_are_reduced_between_first_and_last_stage():
     catalog = load_catalog()
     tied = small(tensor=1, pipeline=2, data=8)
