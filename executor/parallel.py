@@ -1,6 +1,8 @@
 """Tensor and data parallelism around the pipeline chunks, and the gradient reductions they need.
 
-The device mesh is (pp, dp, tp), tensor fastest, as Megatron-LM orders ranks (executor/plan.py).
+The device mesh is (pp, dp, cp, tp), tensor fastest, as Megatron-LM orders ranks (executor/plan.py);
+data and context flatten into one "dp_cp" dimension over which gradients are averaged (context
+parallelism itself: executor/context.py).
 
 Tensor parallelism (Shoeybi et al. 2019, Sec. 3): torch's ColwiseParallel on the q/k/v, up and
 gate projections and RowwiseParallel on the attention output and down projections of every block,
@@ -48,9 +50,12 @@ ROWWISE = ("o_proj", "down_proj")
 BUCKET_BYTES = 25 * MIB          # DDP's default bucket_cap_mb
 
 
-def build_mesh(plan: ExecPlan, device_type: str) -> DeviceMesh:
-    names, shape = plan.ranks.mesh(("pp", "dp", "tp"))     # ("pp", "dp", "tp"): slowest first
-    return init_device_mesh(device_type, shape, mesh_dim_names=names)
+def build_mesh(plan: ExecPlan, device_type: str) -> tuple[DeviceMesh, DeviceMesh]:
+    """The (pp, dp, cp, tp) mesh, slowest first, and its dp and cp dimensions flattened into one
+    (the replicas that average gradients)."""
+    names, shape = plan.ranks.mesh(("pp", "dp", "cp", "tp"))
+    mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+    return mesh, mesh["dp", "cp"]._flatten("dp_cp")
 
 
 def apply_tensor_parallel(chunk: Chunk, tp_mesh: DeviceMesh) -> None:
@@ -168,7 +173,7 @@ class TiedGradients:
     """Adds up the gradients of parameters tied across chunks, on every rank that holds a copy.
 
     Copies on one pipeline rank are summed locally; copies on several pipeline ranks are
-    all-reduced among the ranks with the same (dp, tp) coordinates, whose shards line up.
+    all-reduced among the ranks with the same (dp, cp, tp) coordinates, whose shards line up.
     Every rank creates every group (torch requires new_group calls in the same order everywhere).
     """
 
@@ -180,11 +185,13 @@ class TiedGradients:
             handle = None
             if len(pp_ranks) > 1:
                 for dp in range(plan.data):
-                    for tp in range(plan.tensor):
-                        ranks = [plan.rank_of(Coords(pp=r, dp=dp, tp=tp)) for r in pp_ranks]
-                        pg = dist.new_group(ranks)
-                        if rank in ranks:
-                            handle = pg
+                    for cp in range(plan.context):
+                        for tp in range(plan.tensor):
+                            ranks = [plan.rank_of(Coords(pp=r, dp=dp, tp=tp, cp=cp))
+                                     for r in pp_ranks]
+                            pg = dist.new_group(ranks)
+                            if rank in ranks:
+                                handle = pg
             if me.pp in pp_ranks:
                 self.entries.append((group, handle))
 

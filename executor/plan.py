@@ -13,7 +13,7 @@ the embedding and head counting as layers, as the simulator profiles and splits 
 (simulator/profiled.py).
 
 Rank order is Megatron-LM's, the same as the simulator's: planner/ranks.py `RankGenerator` (tensor
-fastest, pipeline slowest; context parallelism is refused here, so cp = 1).
+fastest, then context, data, pipeline slowest).
 """
 from __future__ import annotations
 
@@ -32,21 +32,15 @@ TORCH_SCHEDULES = {
     "interleaved-1f1b": "ScheduleInterleaved1F1B",
     "zero-bubble": "ScheduleInterleavedZeroBubble",   # ZB1P (Qi et al. 2023), one chunk per rank: ZB-H1
 }
-# Why context parallelism is refused (checked on torch 2.13, 2 gloo processes; see
-# tests/test_executor_context.py).
-CP_WHY = ("On CPU (gloo) torch's context-parallel attention cannot run: context_parallel shards "
-          "only the CUDA flash, memory-efficient and cuDNN attention kernels, and CPU attention "
-          "(aten._scaled_dot_product_flash_attention_for_cpu) has no sharding strategy. On CUDA, "
-          "planner.models derive positions (learned position ids, rotary tables) from the local "
-          "sequence length, which sequence sharding would make wrong")
 
 
 @dataclass(frozen=True)
 class Coords:
-    """Where one rank sits in the (pipeline, data, tensor) grid."""
+    """Where one rank sits in the (pipeline, data, context, tensor) grid."""
     pp: int
     dp: int
     tp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,6 +65,7 @@ class ExecPlan:
     optimizer: str
     module: str | None = None             # "pkg.mod:fn" of a `module:` model; None: a transformer
     sequence_parallel: bool = False       # with tensor > 1: activations sharded by sequence
+    context: int = 1                      # context-parallel degree (executor/context.py)
 
     @property
     def microbatches(self) -> int:
@@ -87,14 +82,19 @@ class ExecPlan:
 
     @property
     def ranks(self) -> RankGenerator:
-        return RankGenerator(tp=self.tensor, dp=self.data, pp=self.pipeline)
+        return RankGenerator(tp=self.tensor, cp=self.context, dp=self.data, pp=self.pipeline)
 
     def coords(self, rank: int) -> Coords:
         c = self.ranks.coords(rank)
-        return Coords(pp=c["pp"], dp=c["dp"], tp=c["tp"])
+        return Coords(pp=c["pp"], dp=c["dp"], tp=c["tp"], cp=c["cp"])
 
     def rank_of(self, c: Coords) -> int:
-        return self.ranks.rank(tp=c.tp, dp=c.dp, pp=c.pp)
+        return self.ranks.rank(tp=c.tp, cp=c.cp, dp=c.dp, pp=c.pp)
+
+    @property
+    def replicas(self) -> int:
+        """Ranks that hold the same parameters and average their gradients: data x context."""
+        return self.data * self.context
 
     def stages_of(self, pp_rank: int) -> tuple[int, ...]:
         """The model chunks pipeline rank `pp_rank` holds: r, r + p, r + 2p, ... (looped placement)."""
@@ -113,9 +113,11 @@ class ExecPlan:
     @property
     def data_parallel(self) -> str:
         """How the data-parallel replicas are kept in step (executor/parallel.py):
-        "none" (data 1), "all-reduce" (ZeRO-0), "fsdp" (ZeRO-1/2: parameters gathered from
-        forward to backward) or "fsdp-reshard" (ZeRO-3: gathered per layer and freed again)."""
-        if self.data == 1:
+        "none" (data x context 1), "all-reduce" (ZeRO-0), "fsdp" (ZeRO-1/2: parameters gathered
+        from forward to backward) or "fsdp-reshard" (ZeRO-3: gathered per layer and freed again).
+        Context-parallel ranks hold the same parameters as data-parallel ones: both average
+        gradients, over one data x context group."""
+        if self.replicas == 1:
             return "none"
         if self.zero == 0:
             return "all-reduce"
@@ -124,10 +126,10 @@ class ExecPlan:
     def notes(self) -> list[str]:
         """Where the run differs from the plan as written, for the user."""
         out = []
-        if self.data > 1 and self.zero == 1:
+        if self.replicas > 1 and self.zero == 1:
             out.append("ZeRO-1 runs as FSDP2 without resharding after forward (ZeRO-2 like: "
                        "gradients sharded too)")
-        if self.data > 1 and self.zero == 3 and self.schedule == "zero-bubble":
+        if self.replicas > 1 and self.zero == 3 and self.schedule == "zero-bubble":
             out.append("ZeRO-3 with zero-bubble keeps parameters gathered from forward to the "
                        "weight backward (ZeRO-2 like): FSDP2 resharding between the input and "
                        "weight halves of the backward gives wrong gradients on torch 2.13")
@@ -140,7 +142,7 @@ class ExecPlan:
                 "micro_batch": self.micro_batch, "global_batch": self.global_batch,
                 "zero": self.zero, "precision": self.precision, "recompute": self.recompute,
                 "optimizer": self.optimizer, "module": self.module,
-                "sequence_parallel": self.sequence_parallel}
+                "sequence_parallel": self.sequence_parallel, "context": self.context}
 
 
 def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
@@ -163,7 +165,7 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
         blocks=dims.total_layers, global_batch=t.global_batch, micro_batch=t.micro_batch,
         seq_len=dims.seq_len, vocab=dims.vocab, zero=p.zero, precision=t.precision,
         recompute=t.recompute, optimizer=t.optimizer,
-        sequence_parallel=p.sequence_parallel and p.tensor > 1)
+        sequence_parallel=p.sequence_parallel and p.tensor > 1, context=p.context)
 
 
 def module_layer_names(scenario: Scenario) -> list[str]:
@@ -225,9 +227,6 @@ def _module_plan(scenario: Scenario, gpus: int, where: str) -> ExecPlan:
 def _check_executable(s: Scenario, dims, where: str) -> None:
     """What the executor (not the scenario format) cannot do, each with what to change."""
     p, t = s.parallel, s.training
-    if p.context > 1:
-        raise PartitaError(f"{where}parallel.context = {p.context}: partita run does not execute "
-                           f"context parallelism (valid: 1); fold it into data or tensor. {CP_WHY}")
     if t.precision not in EXECUTED_PRECISIONS:
         raise PartitaError(f"{where}training.precision {t.precision}: partita run executes "
                            f"{', '.join(EXECUTED_PRECISIONS)} (fp8 needs Transformer Engine); "
@@ -239,6 +238,15 @@ def _check_executable(s: Scenario, dims, where: str) -> None:
                            "chain by sequence (its one tensor holds the encoder and decoder "
                            "halves side by side along the sequence, [Note: t5 chain]); set it "
                            "to false for arch t5")
+    if p.context > 1 and dims.arch == "t5":
+        raise PartitaError(f"{where}parallel.context = {p.context}: partita run does not shard "
+                           "T5's chain by sequence (its one tensor holds the encoder and decoder "
+                           "halves side by side along the sequence, [Note: t5 chain]); "
+                           "valid for arch t5: 1")
+    if p.context > 1 and dims.seq_len % (2 * p.context):
+        raise PartitaError(f"{where}parallel.context = {p.context}: model.seq_len ({dims.seq_len}) "
+                           f"must be a multiple of 2 x context ({2 * p.context}) for partita run: "
+                           "each rank holds two equal chunks of every sequence (load balance)")
     if p.tensor > 1 and dims.kv_heads % p.tensor:
         raise PartitaError(f"{where}parallel.tensor ({p.tensor}) must divide model.kv_heads "
                            f"({dims.kv_heads}) for partita run: it shards k/v heads, it does "

@@ -21,6 +21,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from partita.executor.context import apply_context_parallel, local_tokens, sequence_shard
 from partita.executor.data import DataSpec, TokenStream, replica_samples
 from partita.executor.launch import RESULT_FILE, Job
 from partita.executor.measure import StepRecorder, memory_report, summarize, write_outputs
@@ -58,18 +59,22 @@ class RankRun:
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = self.plan.precision == "tf32"
             torch.backends.cudnn.allow_tf32 = self.plan.precision == "tf32"
-        mesh = build_mesh(self.plan, self.device.type)
+        mesh, replicas = build_mesh(self.plan, self.device.type)
         stages = self.plan.stages_of(self.me.pp)
         self.chunks, groups, self.loss_fn = build_chunks(
             self.plan, self.scenario.model, stages, self.device, job.seed)
+        shard = (sequence_shard(mesh["cp"].get_group(), self.plan.context, self.me.cp)
+                 if self.plan.context > 1 else None)
         for chunk in self.chunks:
+            if shard is not None:
+                apply_context_parallel(chunk, shard)
             if self.plan.sequence_parallel:
                 apply_sequence_parallel(chunk, mesh["tp"])
             elif self.plan.tensor > 1:
                 apply_tensor_parallel(chunk, mesh["tp"])
-            if self.plan.data > 1:
-                apply_data_parallel(chunk, mesh["dp"], self.plan.data_parallel)
-        self.dp_group = mesh["dp"].get_group()
+            if self.plan.replicas > 1:
+                apply_data_parallel(chunk, replicas, self.plan.data_parallel)
+        self.dp_group = replicas.get_group()       # gradients average over data x context
         self.tied = TiedGradients(self.plan, groups, rank)
         self.pipe = [pipeline_stage(chunk, self.plan, self.device, mesh["pp"].get_group())
                      for chunk in self.chunks]
@@ -89,7 +94,8 @@ class RankRun:
     def step(self, step: int) -> float:
         """One optimizer step (1-based); the mean loss over the global batch."""
         first, count = replica_samples(step - 1, self.plan.global_batch, self.plan.data, self.me.dp)
-        ids, targets = (torch.from_numpy(a).to(self.device) for a in self.stream.batch(first, count))
+        ids, targets = (local_tokens(torch.from_numpy(a), self.plan.context, self.me.cp).to(self.device)
+                        for a in self.stream.batch(first, count))
         dist.barrier()
         self.recorder.start_step(step)
         self.optimizer.zero_grad(set_to_none=True)
@@ -99,7 +105,7 @@ class RankRun:
         if self.plan.data_parallel == "all-reduce":
             for chunk in self.chunks:      # one span per chunk, named as the simulator's
                 with self.recorder.span("dp", f"{chunk.stage}REDUCE_GRAD", "comm"):
-                    average_gradients(list(chunk.parameters()), self.dp_group, self.plan.data)
+                    average_gradients(list(chunk.parameters()), self.dp_group, self.plan.replicas)
         if self.tied.entries:
             with self.recorder.span("tied", "TIED_ALLREDUCE", "comm"):
                 self.tied.sync(self.chunks)
@@ -114,10 +120,11 @@ class RankRun:
         return self._global_loss(losses, scale)
 
     def _global_loss(self, losses: list[torch.Tensor], scale: float = 1.0) -> float:
-        """Mean micro-batch loss over all replicas (summed over ranks: others add 0)."""
+        """Mean micro-batch loss over all replicas (summed over ranks: others add 0). Context
+        ranks hold equal numbers of each sequence's tokens, so their mean is the sequence's."""
         mine = 0.0
         if self.last and self.me.tp == 0:
-            mine = sum(float(l.detach()) for l in losses) / len(losses) / self.plan.data / scale
+            mine = sum(float(l.detach()) for l in losses) / len(losses) / self.plan.replicas / scale
         total = torch.tensor([mine], dtype=torch.float64, device=self.device)
         dist.all_reduce(total)
         return float(total.item())
@@ -201,7 +208,7 @@ def full_weights(run: RankRun) -> dict[str, torch.Tensor] | None:
         for name, p in chunk.named_parameters(remove_duplicate=False):
             value = p.full_tensor() if hasattr(p, "full_tensor") else p
             mine[chunk.model_name(name)] = value.detach().cpu()
-    if run.me.dp or run.me.tp:      # full_tensor() above is collective; one copy is enough
+    if run.me.dp or run.me.tp or run.me.cp:   # full_tensor() above is collective; one copy is enough
         mine = {}
     parts = _gather(mine, run.rank)
     return None if parts is None else {k: v for part in parts for k, v in part.items()}

@@ -73,6 +73,8 @@ class PlanSpec:
             m = self.scenario.training.global_batch // (lay.micro_batch * lay.data)
             if self.dims.kv_heads % lay.tensor or m < lay.pipeline:
                 return False                 # the executor shards k/v heads; 1F1B needs m >= p
+            if self.dims.seq_len % (2 * lay.context):
+                return False                 # each context rank holds two equal chunks
         if self.microbatches is None:
             return True
         return self.scenario.training.global_batch == self.microbatches * lay.micro_batch * lay.data
@@ -131,9 +133,9 @@ def _document(scenario) -> tuple[dict[str, Any], str]:
 
 def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
               executable: bool = False) -> PlanSpec:
-    """`executable`: only plans `partita run` executes (no context parallelism, no sequence
-    parallelism for T5, tensor dividing the k/v heads, bf16/fp32/tf32); a fixed field that contradicts it is an
-    error naming the key."""
+    """`executable`: only plans `partita run` executes (no context or sequence parallelism for
+    T5, context dividing seq_len / 2, tensor dividing the k/v heads, fp32/tf32/fp16/bf16); a
+    fixed field that contradicts it is an error naming the key."""
     doc, origin = _document(scenario)
     doc, kept = translate(doc, origin, searching=True)
     if not isinstance(doc, dict):
@@ -205,9 +207,9 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
     if kept.get("ddp") is False:
         fixed["data"] = 1
     if executable:
-        # the executor runs sequence parallelism with tensor parallelism, except for T5, whose
-        # chained encoder and decoder halves it does not shard by sequence
-        refused = (("context", 1),) + ((("sequence_parallel", False),) if dims.arch == "t5" else ())
+        # the executor runs sequence and context parallelism, except for T5, whose chained
+        # encoder and decoder halves it does not shard by sequence
+        refused = (("context", 1), ("sequence_parallel", False)) if dims.arch == "t5" else ()
         for key, value in refused:
             if fixed.get(key, value) != value:
                 raise PartitaError(f"{where}parallel.{key} ({fixed[key]}) contradicts --executable: "

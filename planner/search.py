@@ -53,8 +53,8 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
     own reserve (CUDA context, NCCL buffers, allocator fragmentation), e.g. 0.05.
     `optimize`: the ILP split's objective, speed (default) or memory (SageMaker's `optimize`;
     a scenario's `sagemaker.optimize` sets it too). `executable`: only plans `partita run`
-    executes (no context parallelism, no sequence parallelism for T5, tensor dividing the
-    k/v heads)."""
+    executes (no context or sequence parallelism for T5, context dividing seq_len / 2, tensor
+    dividing the k/v heads)."""
     started = time.perf_counter()
     if objective not in OBJECTIVES:
         raise PartitaError(f"--objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")

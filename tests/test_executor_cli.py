@@ -127,8 +127,8 @@ def test_checkpoint_dir_that_is_a_file(capsys, tmp_path):
 
 @pytest.mark.parametrize("changes, message", [
     ({"training__precision": "fp8"}, "fp8 needs Transformer Engine"),
-    ({"parallel__schedule": "gpipe", "parallel__context": 2, "cluster__gpus": 4},
-     "does not execute context parallelism"),
+    ({"parallel__schedule": "gpipe", "parallel__context": 2, "cluster__gpus": 4,
+      "model__arch": "t5"}, "parallel.context = 2: partita run does not shard T5's chain"),
 ])
 def test_plans_the_executor_does_not_run(capsys, tmp_path, changes, message):
     assert message in refused(capsys, tmp_path, scenario_file(tmp_path, **changes))

@@ -1,90 +1,112 @@
-"""Context parallelism: why `partita run` refuses it, pinned against the torch it runs on.
+"""Context parallelism trains as one process does (fp32, CPU, gloo).
 
-On CPU the refusal rests on a fact of torch (2.13): `context_parallel` has no sharding strategy for
-CPU attention. The slow test runs torch's context-parallel attention on 2 gloo processes and
-expects exactly that error, so the day torch supports it this test fails and the refusal must be
-revisited. On CUDA (2 GPUs, marked gpu) the test checks the primitive the executor would build on:
-ring attention over a 2-rank mesh, without load balancing, equals unsharded attention (1e-5
-relative in fp32 with TF32 off; the kernels' block order differs).
+Each case runs `partita run` with context 2 (executor/context.py: all-gather keys and values,
+load-balanced positions) for 5 steps and holds its losses and final weights to `reference_run` at
+1e-6 relative, with the 1e-9 absolute floor of tests/test_executor_numerics.py for GPT's
+k-projection bias, whose gradient is mathematically zero. Only summation order differs: each rank's
+loss is the mean over its half of every sequence, and gradients average over data x context.
+
+The unit tests pin the pieces: which positions a rank holds, and that attention over gathered keys
+with the position-based causal mask equals unsharded attention.
 """
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import pytest
 import torch
+import yaml
 
-from partita.executor.plan import CP_WHY, execution_plan
+from partita.executor.context import local_tokens
+from partita.executor.plan import execution_plan
 from partita.planner.errors import PartitaError
+from partita.planner.models.common import Attention, SequenceShard, context_positions
+from partita.planner.paths import SCENARIOS_DIR
 from partita.planner.scenario import parse_scenario
 
-SCRIPT = textwrap.dedent('''
-    import sys
-    import torch, torch.distributed as dist, torch.nn.functional as F
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.experimental import context_parallel
-    from torch.distributed.tensor.experimental._attention import _cp_options
-    backend, device = sys.argv[1], sys.argv[2]
-    dist.init_process_group(backend)
-    rank = dist.get_rank()
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-        torch.backends.cuda.matmul.allow_tf32 = False
-    mesh = init_device_mesh(device, (2,))
-    _cp_options.enable_load_balance = False
+from executor_runs import assert_weights_close, run_and_reference
+
+STEPS = 5
+RTOL = 1e-6
+ATOL = 1e-9
+
+
+def test_each_rank_holds_two_chunks_that_even_out_causal_work():
+    parts = [context_positions(16, 2, r).tolist() for r in range(2)]
+    assert parts == [[0, 1, 2, 3, 12, 13, 14, 15], [4, 5, 6, 7, 8, 9, 10, 11]]
+    # causal work: each query attends to (position + 1) keys; the ranks' totals are equal
+    assert sum(p + 1 for p in parts[0]) == sum(p + 1 for p in parts[1])
+    every = sorted(p for r in range(4) for p in context_positions(32, 4, r).tolist())
+    assert every == list(range(32))
+    ids = torch.arange(32).view(2, 16)
+    assert local_tokens(ids, 2, 1)[1].tolist() == [20, 21, 22, 23, 24, 25, 26, 27]
+
+
+@pytest.mark.parametrize("causal", [True, False])
+def test_sharded_attention_equals_whole_attention(causal):
+    """Two 'ranks' in one process: each computes its positions' output with the other's keys and
+    values gathered (the gather here concatenates both ranks' tensors, as all_gather does)."""
     torch.manual_seed(0)
-    x = torch.randn(2, 4, 64, 16, device=device)
-    w = torch.randn(16, 16, device=device, requires_grad=True)
-    ref = F.scaled_dot_product_attention(x @ w, x @ w, x @ w, is_causal=True)
-    xs = x.clone()
-    try:
-        with context_parallel(mesh, buffers=[xs], buffer_seq_dims=[2]):
-            q = xs @ w
-            out = F.scaled_dot_product_attention(q, q, q, is_causal=True)
-    except Exception as exc:
-        print(f"rank {rank}: {type(exc).__name__}: {exc}", flush=True)
-        sys.exit(3)
-    want = ref.chunk(2, dim=2)[rank]
-    print(f"rank {rank}: relative error {((out - want).norm() / want.norm()).item():.3g}", flush=True)
-    dist.destroy_process_group()
-''')
+    attn = Attention(16, 4, 2, 4, bias=True, causal=causal)
+    x = torch.randn(2, 8, 16)
+    whole = attn(x)
+    pos = [context_positions(8, 2, r) for r in range(2)]
+    k_all = [attn._heads(attn.k_proj(x[:, p])) for p in pos]
+    v_all = [attn._heads(attn.v_proj(x[:, p])) for p in pos]
+    for r in range(2):
+        def gather(t, r=r):
+            pieces = k_all if t.shape == k_all[r].shape and torch.equal(t, k_all[r]) else v_all
+            return torch.cat(pieces, dim=2)
+        attn.sequence_shard = SequenceShard(index=r, parts=2, gather=gather)
+        got = attn(x[:, pos[r]])
+        torch.testing.assert_close(got, whole[:, pos[r]], rtol=1e-5, atol=1e-6)
+    attn.sequence_shard = None
 
 
-def run_script(tmp_path, backend: str, device: str) -> subprocess.CompletedProcess:
-    script = tmp_path / "cp.py"
-    script.write_text(SCRIPT)
-    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone",
-                           "--nproc-per-node", "2", str(script), backend, device],
-                          capture_output=True, text=True, timeout=300)
+def _doc(**parallel) -> dict:
+    return {"model": {"arch": parallel.pop("arch", "gpt"), "layers": 2, "hidden": 32, "heads": 4,
+                      "seq_len": parallel.pop("seq_len", 16), "vocab": 64},
+            "cluster": {"system": "local", "gpus": 2},
+            "training": {"global_batch": 4, "micro_batch": 2, "precision": "fp32"},
+            "parallel": {"context": 2, "schedule": "gpipe", **parallel}}
 
 
-def test_the_refusal_says_why():
-    doc = {"model": {"arch": "gpt", "layers": 2, "hidden": 32, "heads": 4, "seq_len": 16,
-                     "vocab": 64},
-           "cluster": {"system": "local", "gpus": 2},
-           "training": {"global_batch": 4, "micro_batch": 2, "precision": "fp32"},
-           "parallel": {"context": 2, "schedule": "gpipe"}}
-    with pytest.raises(PartitaError) as err:
-        execution_plan(parse_scenario(doc), 2)
-    assert "parallel.context = 2" in str(err.value) and CP_WHY in str(err.value)
-    assert "_scaled_dot_product_flash_attention_for_cpu" in CP_WHY
+def test_t5_and_uneven_chunks_are_refused_with_the_reason():
+    with pytest.raises(PartitaError, match=r"parallel.context = 2: .*T5.*valid for arch t5: 1"):
+        execution_plan(parse_scenario(_doc(arch="t5")), 2)
+    with pytest.raises(PartitaError, match=r"seq_len \(18\) must be a multiple of 2 x context \(4\)"):
+        execution_plan(parse_scenario(_doc(seq_len=18)), 2)
+    plan = execution_plan(parse_scenario(_doc()), 2)
+    assert plan.context == 2 and plan.replicas == 2 and plan.data_parallel != "none"
+    assert [plan.coords(r).cp for r in range(2)] == [0, 1]
+
+
+CASES = {
+    # GPT: learned positions, tied embedding, causal mask by position; 2 processes
+    "gpt-cp2": ("tiny-gpt-interleaved.yaml",
+                {"cluster": {"gpus": 2}, "parallel": {"pipeline": 1, "virtual_stages": 1,
+                 "context": 2, "schedule": "1f1b", "zero": 0}, "training": {"optimizer": "sgd"}}),
+    # Llama: rotary positions of the rank's chunks, grouped-query k/v gathered, the shards cross
+    # a stage boundary; ZeRO-1 (FSDP2) over the data x context group; 2 stages x context 2
+    "llama-cp2-pp2": ("tiny-llama-pp2-dp2.yaml",
+                      {"parallel": {"data": 1, "context": 2, "zero": 1, "schedule": "gpipe"},
+                       "training": {"optimizer": "sgd"}}),
+    # Llama: tensor 2 with sequence parallelism inside each context rank's half; 4 processes
+    "llama-cp2-tp2-sp": ("tiny-llama-pp2-dp2.yaml",
+                         {"parallel": {"pipeline": 1, "data": 1, "context": 2, "tensor": 2,
+                          "sequence_parallel": True, "zero": 0, "schedule": "1f1b"},
+                          "training": {"optimizer": "sgd"}}),
+}
 
 
 @pytest.mark.slow
-def test_torch_context_parallel_attention_cannot_run_on_gloo(tmp_path):
-    done = run_script(tmp_path, "gloo", "cpu")
-    assert done.returncode != 0, done.stdout
-    assert ("aten._scaled_dot_product_flash_attention_for_cpu.default does not have a sharding "
-            "strategy registered") in done.stdout, done.stdout + done.stderr[-2000:]
-
-
-@pytest.mark.gpu
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
-def test_torch_context_parallel_attention_on_cuda_equals_unsharded(tmp_path):
-    done = run_script(tmp_path, "nccl", "cuda")
-    assert done.returncode == 0, done.stdout + done.stderr[-2000:]
-    errors = [float(line.rsplit(" ", 1)[1]) for line in done.stdout.splitlines()
-              if "relative error" in line]
-    assert len(errors) == 2 and max(errors) < 1e-5, done.stdout
+@pytest.mark.parametrize("case", list(CASES))
+def test_context_parallel_run_equals_one_process(case, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PARTITA_HOME", str(tmp_path / "home"))
+    base, changes = CASES[case]
+    doc = yaml.safe_load((SCENARIOS_DIR / base).read_text())
+    for section, values in changes.items():
+        doc[section].update(values)
+    result, got, want_losses, want = run_and_reference(doc, tmp_path, capsys, steps=STEPS)
+    assert result["plan"]["context"] == 2
+    print(case, [abs(a - b) / b for a, b in zip(result["losses"], want_losses)])
+    assert result["losses"] == pytest.approx(want_losses, rel=RTOL, abs=0)
+    assert_weights_close(got, want, rtol=RTOL, atol=ATOL)

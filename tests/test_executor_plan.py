@@ -76,7 +76,10 @@ def test_explicit_stages_are_used():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"parallel__context": 2, "cluster__gpus": 16}, "does not execute context parallelism"),
+    ({"parallel__context": 2, "cluster__gpus": 16, "model__arch": "t5"},
+     "parallel.context = 2: partita run does not shard T5's chain by sequence"),
+    ({"parallel__context": 4, "cluster__gpus": 32, "model__seq_len": 36},
+     "model.seq_len (36) must be a multiple of 2 x context (8)"),
     ({"parallel__sequence_parallel": True, "model__arch": "t5"}, "does not shard T5's chain"),
     ({"training__precision": "fp8"}, "executes fp32, tf32, fp16, bf16 (fp8 needs Transformer"),
     ({"model__kv_heads": 1}, "must divide model.kv_heads (1)"),

@@ -185,10 +185,16 @@ def test_executable_plans_are_what_partita_run_executes(tmp_path, capsys):
     out = tmp_path / "run.yaml"
     assert main(["plan", src, "--executable", "-o", str(out)]) == 0
     planned = load_scenario(str(out))
-    assert planned.parallel.context == 1            # sequence parallelism with TP runs (not T5)
     assert execution_plan(planned, 16).chunks[0][0] == 0            # the executor accepts it
-    assert main(["plan", write(tmp_path, small(parallel__context=2), "cp.yaml"),
-                 "--executable"]) == 1
+    # context parallelism runs (executor/context.py), for every arch but T5
+    cp_out = tmp_path / "cp-run.yaml"
+    assert main(["plan", write(tmp_path, small(parallel__context=2), "cp.yaml"), "--executable",
+                 "-o", str(cp_out)]) == 0
+    cp_planned = load_scenario(str(cp_out))
+    assert cp_planned.parallel.context == 2 and execution_plan(cp_planned, 16).context == 2
+    capsys.readouterr()
+    t5 = small(parallel__context=2, model__arch="t5", model__layers=4, model__decoder_layers=4)
+    assert main(["plan", write(tmp_path, t5, "t5.yaml"), "--executable"]) == 1
     assert "parallel.context (2) contradicts --executable" in capsys.readouterr().err
 
 

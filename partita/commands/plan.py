@@ -44,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the ILP layer split: fastest slowest stage (default) or least memory on "
                         "the fullest GPU (SageMaker's optimize)")
     p.add_argument("--executable", action="store_true",
-                   help="only plans `partita run` executes (no context or sequence parallelism)")
+                   help="only plans `partita run` executes (no context or sequence parallelism "
+                        "for T5)")
     p.add_argument("--top", type=int, default=10, metavar="K", help="rows to print (default 10)")
     p.add_argument("--time-budget", type=float, default=None, metavar="S",
                    help="stop timing layouts after about S seconds (most promising first)")

@@ -11,13 +11,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from partita.planner.modelspec import TransformerDims
-from partita.planner.models.common import MLP, Attention, PipelineLM
+from partita.planner.models.common import MLP, Attention, PipelineLM, SequenceShard, positions_of
 
 LN_EPS = 1e-12    # BertConfig.layer_norm_eps
 MASK_FRACTION = 0.15   # Devlin et al. 2019, Sec. 3.1
 
 
 class BertEmbedding(nn.Module):
+    sequence_shard: SequenceShard | None = None     # context parallelism: this rank's positions
+
     def __init__(self, d: TransformerDims):
         super().__init__()
         self.tok = nn.Embedding(d.vocab, d.hidden)
@@ -26,7 +28,7 @@ class BertEmbedding(nn.Module):
         self.norm = nn.LayerNorm(d.hidden, eps=LN_EPS)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:     # (B, S) -> (B, S, H)
-        pos = torch.arange(ids.shape[1], device=ids.device)
+        pos = positions_of(self, ids.shape[1], ids.device)
         return self.norm(self.tok(ids) + self.pos(pos) + self.token_type.weight[0])
 
 

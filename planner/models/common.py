@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -23,13 +24,60 @@ from partita.planner.modelspec import TransformerDims
 INIT_STD = 0.02      # GPT-2 / BERT / Llama `initializer_range`
 
 
+def context_positions(seq_len: int, parts: int, index: int) -> torch.Tensor:
+    """The positions of a `seq_len` sequence that rank `index` of a `parts`-way context-parallel
+    group holds, in the order it holds them: the sequence is cut into 2 * parts equal chunks and the
+    rank holds chunks `index` and `2 * parts - 1 - index`, so that every rank does the same causal
+    attention work (the load balancing of Megatron-Core's context parallelism and of Llama 3,
+    Dubey et al. 2024, Sec. 3.3.2). seq_len must be a multiple of 2 * parts."""
+    chunk = seq_len // (2 * parts)
+    first, second = index * chunk, (2 * parts - 1 - index) * chunk
+    return torch.cat((torch.arange(first, first + chunk), torch.arange(second, second + chunk)))
+
+
+@dataclass(frozen=True)
+class SequenceShard:
+    """Context parallelism (all-gather form, Llama 3, Dubey et al. 2024, Sec. 3.3.2): this rank holds
+    the positions `context_positions(seq_len, parts, index)` of every sequence; its queries attend to
+    the keys and values of all ranks, which `gather` collects along dim 2 in rank order
+    ((B, h, S/parts, hd) -> (B, h, S, hd), autograd-aware; the executor supplies it).
+
+    Set as the `sequence_shard` attribute of the modules that read positions (attention, position
+    embeddings, rotary tables); None (the default) means the module sees the whole sequence."""
+    index: int
+    parts: int
+    gather: Callable[[torch.Tensor], torch.Tensor]
+
+    def positions(self, local_len: int, device: torch.device) -> torch.Tensor:
+        """Global positions of this rank's `local_len` tokens."""
+        return context_positions(local_len * self.parts, self.parts, self.index).to(device)
+
+    def all_positions(self, local_len: int, device: torch.device) -> torch.Tensor:
+        """Global positions of the gathered keys, in gather (rank) order."""
+        seq = local_len * self.parts
+        return torch.cat([context_positions(seq, self.parts, r) for r in range(self.parts)]).to(device)
+
+
+def positions_of(module: nn.Module, local_len: int, device: torch.device) -> torch.Tensor:
+    """The global positions of the tokens `module` sees: 0..S-1, or its shard's under context
+    parallelism."""
+    shard = getattr(module, "sequence_shard", None)
+    if shard is None:
+        return torch.arange(local_len, device=device)
+    return shard.positions(local_len, device)
+
+
 class Attention(nn.Module):
     """Multi-head (or grouped-query) attention with separate q/k/v/o projections.
 
     `forward(x, memory=None, bias=None, rope=None)`: queries from x (B, S, H); keys and values from
     `memory` (B, S_kv, H) for cross-attention, else from x. `bias` is an additive (1, heads, S, S_kv)
     position bias (T5); `rope` a (cos, sin) pair of (S, head_dim) tables (Llama).
+    With a `sequence_shard` (context parallelism) the keys and values of every rank are gathered
+    and the causal mask compares global positions.
     """
+
+    sequence_shard: SequenceShard | None = None
 
     def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int, *, bias: bool,
                  causal: bool, scale: float | None = None):
@@ -51,7 +99,17 @@ class Attention(nn.Module):
         v = self._heads(self.v_proj(kv_in))
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out = attention(q, k, v, bias=bias, causal=self.causal, scale=self.scale)
+        causal, shard = self.causal, self.sequence_shard
+        if shard is not None:
+            s_local = q.shape[-2]
+            k, v = shard.gather(k), shard.gather(v)
+            if causal:      # key position after query position: masked
+                q_pos = shard.positions(s_local, q.device)
+                k_pos = shard.all_positions(s_local, q.device)
+                mask = torch.zeros((s_local, k.shape[-2]), device=q.device, dtype=q.dtype)
+                bias = mask.masked_fill(k_pos[None, :] > q_pos[:, None], float("-inf"))
+                causal = False
+        out = attention(q, k, v, bias=bias, causal=causal, scale=self.scale)
         return self.o_proj(out.transpose(1, 2).flatten(2))  # (B, S, heads*hd) -> (B, S, H)
 
     def _heads(self, t: torch.Tensor) -> torch.Tensor:
@@ -135,13 +193,15 @@ def _sum_groups(t: torch.Tensor, rep: int) -> torch.Tensor:
     return t.view(b, h // rep, rep, s, d).sum(2)
 
 
-def rope_tables(seq_len: int, head_dim: int, device: torch.device, dtype: torch.dtype,
+def rope_tables(positions: torch.Tensor, head_dim: int, dtype: torch.dtype,
                 theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """(cos, sin), each (S, head_dim): rotary position embedding (Su et al. 2021, eq. 34), in the
-    half-split layout of Hugging Face Llama. Computed per call, so the model holds no buffers."""
+    """(cos, sin), each (S, head_dim) for the S `positions`: rotary position embedding (Su et al.
+    2021, eq. 34), in the half-split layout of Hugging Face Llama. Computed per call, so the model
+    holds no buffers."""
+    device = positions.device
     inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32)
                                / head_dim)
-    pos = torch.arange(seq_len, device=device, dtype=torch.float32)
+    pos = positions.to(torch.float32)
     freqs = torch.outer(pos, inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     return emb.cos().to(dtype), emb.sin().to(dtype)

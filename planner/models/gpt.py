@@ -10,19 +10,21 @@ import torch
 from torch import nn
 
 from partita.planner.modelspec import TransformerDims
-from partita.planner.models.common import MLP, Attention, PipelineLM
+from partita.planner.models.common import MLP, Attention, PipelineLM, SequenceShard, positions_of
 
 LN_EPS = 1e-5     # GPT2Config.layer_norm_epsilon
 
 
 class GPTEmbedding(nn.Module):
+    sequence_shard: SequenceShard | None = None     # context parallelism: this rank's positions
+
     def __init__(self, d: TransformerDims):
         super().__init__()
         self.tok = nn.Embedding(d.vocab, d.hidden)
         self.pos = nn.Embedding(d.max_positions, d.hidden)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:     # (B, S) -> (B, S, H)
-        pos = torch.arange(ids.shape[1], device=ids.device)
+        pos = positions_of(self, ids.shape[1], ids.device)
         return self.tok(ids) + self.pos(pos)
 
 

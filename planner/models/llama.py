@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from partita.planner.modelspec import TransformerDims
-from partita.planner.models.common import Attention, GatedMLP, PipelineLM, RMSNorm, rope_tables
+from partita.planner.models.common import (Attention, GatedMLP, PipelineLM, RMSNorm, positions_of,
+                                           rope_tables)
 
 RMS_EPS = 1e-5    # Llama 2 configs' rms_norm_eps
 
@@ -34,7 +35,7 @@ class LlamaBlock(nn.Module):
         self.mlp = GatedMLP(d.hidden, d.ffn_hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:       # (B, S, H) -> (B, S, H)
-        rope = rope_tables(x.shape[1], self.head_dim, x.device, x.dtype)
+        rope = rope_tables(positions_of(self.attn, x.shape[1], x.device), self.head_dim, x.dtype)
         x = x + self.attn(self.attn_norm(x), rope=rope)
         return x + self.mlp(self.mlp_norm(x))
 
