@@ -10,6 +10,7 @@ import yaml
 
 from partita.cli import main
 from partita.executor.train import reference_run
+from partita.planner.paths import SCENARIOS_DIR
 from partita.planner.scenario import load_scenario
 
 
@@ -23,6 +24,15 @@ def run_and_reference(doc: dict, tmp_path: Path, capsys, *, steps: int):
     result = json.loads(capsys.readouterr().out)
     want_losses, want = reference_run(load_scenario(path), steps=steps)
     return result, torch.load(weights), want_losses, want
+
+
+def run_shipped_and_reference(base: str, changes: dict, tmp_path: Path, capsys, *, steps: int):
+    """`run_and_reference` of shipped scenario `base` (data/scenarios/) with each section of
+    `changes` updated."""
+    doc = yaml.safe_load((SCENARIOS_DIR / base).read_text())
+    for section, values in changes.items():
+        doc[section].update(values)
+    return run_and_reference(doc, tmp_path, capsys, steps=steps)
 
 
 def assert_weights_close(got: dict, want: dict, *, rtol: float, atol: float) -> None:

@@ -13,16 +13,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-import yaml
 
 from partita.executor.context import local_tokens
 from partita.executor.plan import execution_plan
 from partita.planner.errors import PartitaError
 from partita.planner.models.common import Attention, SequenceShard, context_positions
-from partita.planner.paths import SCENARIOS_DIR
 from partita.planner.scenario import parse_scenario
 
-from executor_runs import assert_weights_close, run_and_reference
+from executor_runs import assert_weights_close, run_shipped_and_reference
 
 STEPS = 5
 RTOL = 1e-6
@@ -102,10 +100,8 @@ CASES = {
 def test_context_parallel_run_equals_one_process(case, tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("PARTITA_HOME", str(tmp_path / "home"))
     base, changes = CASES[case]
-    doc = yaml.safe_load((SCENARIOS_DIR / base).read_text())
-    for section, values in changes.items():
-        doc[section].update(values)
-    result, got, want_losses, want = run_and_reference(doc, tmp_path, capsys, steps=STEPS)
+    result, got, want_losses, want = run_shipped_and_reference(base, changes, tmp_path, capsys,
+                                                               steps=STEPS)
     assert result["plan"]["context"] == 2
     print(case, [abs(a - b) / b for a, b in zip(result["losses"], want_losses)])
     assert result["losses"] == pytest.approx(want_losses, rel=RTOL, abs=0)
