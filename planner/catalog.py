@@ -234,6 +234,9 @@ class Catalog:
         if base is not None and base.kind == "cloud":
             return _sagemaker(base)
         choices = self.system_names(sagemaker=key.startswith("ml."))
+        if key == "local":       # written by `partita calibrate`, absent until it has run
+            raise PartitaError("unknown system 'local': this machine is not calibrated; run "
+                               "`partita calibrate` to measure it (or pass its --catalog FILE)")
         raise _unknown("system", str(name), choices)
 
     def gpu_names(self) -> list[str]:

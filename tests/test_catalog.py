@@ -387,3 +387,10 @@ def test_user_gpu_family_is_optional_and_checked(tmp_path):
         .gpu("my-gpu").family == "h100"
     with pytest.raises(PartitaError, match=r"gpus\[0\]\.family: expected a lowercase key"):
         load_catalog(write(tmp_path, {"gpus": [dict(gpu, family="H 100")]}, "c.yaml"))
+
+
+def test_local_before_calibration_says_how_to_get_it():
+    from partita.planner.catalog import load_catalog
+    with pytest.raises(PartitaError, match=r"unknown system 'local': this machine is not "
+                                           r"calibrated; run `partita calibrate`"):
+        load_catalog().system("local")
