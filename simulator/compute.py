@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from partita.planner.costmodel import Gemm, element_bytes
+from partita.planner import inventory
+from partita.planner.costmodel import element_bytes
+from partita.planner.inventory import Gemm
 from partita.planner.enums import RECOMPUTE
 from partita.planner.errors import PartitaError
 from partita.planner.hardware import GPU
@@ -117,23 +119,10 @@ def _heads(dims: TransformerDims, tp: int) -> tuple[int, int]:
 
 def block_gemms(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 1,
                 *, decoder: bool = False) -> list[Gemm]:
-    """The matmuls of one block forward on one TP rank (attention core excluded), fused as
-    Megatron-LM runs them (one QKV GEMM, one gate+up GEMM); the same FLOPs as
-    planner.costmodel.block_gemms, whose unfused list also holds the attention core."""
-    tokens = micro_batch * dims.seq_len // cp
-    q_heads, kv_heads = _heads(dims, tp)
-    hd, h = dims.head_dim, dims.hidden
-    gated = dims.arch == "llama"
-    ffn_local = dims.ffn_hidden // tp
-    out = [Gemm("qkv", tokens, (q_heads + 2 * kv_heads) * hd, h),
-           Gemm("attn_out", tokens, h, q_heads * hd)]
-    if decoder:                                       # t5 cross-attention over the encoder output
-        out += [Gemm("cross_q", tokens, q_heads * hd, h),
-                Gemm("cross_kv", tokens, 2 * kv_heads * hd, h),
-                Gemm("cross_out", tokens, h, q_heads * hd)]
-    out += [Gemm("mlp_up", tokens, (2 if gated else 1) * ffn_local, h),
-            Gemm("mlp_down", tokens, h, ffn_local)]
-    return out
+    """The GEMM kernels of one block forward on one TP rank (planner.inventory; the attention
+    core, which the attention kernel runs, excluded)."""
+    kind = "decoder" if decoder else ("encoder" if dims.arch == "t5" else "block")
+    return list(inventory.block(dims, kind=kind, micro_batch=micro_batch, tensor=tp, context=cp).gemms)
 
 
 def _block_elementwise_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: bool,

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from partita.planner import inventory
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import ParallelSpec, TrainingSpec
@@ -60,56 +61,42 @@ class MemoryEstimate:
 
 # ---- parameter counts ----
 
-def _attention_params(dims: TransformerDims, biases: bool) -> int:
-    h, hq, hkv = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    weights = h * (hq + 2 * hkv) + hq * h
-    return weights + ((hq + 2 * hkv + h) if biases else 0)
-
-
 def block_parameters(dims: TransformerDims, *, decoder: bool = False) -> int:
-    """Parameters of one transformer block (a t5 decoder block with decoder=True)."""
-    h, f = dims.hidden, dims.ffn_hidden
-    if dims.arch == "llama":                        # RMSNorm x2, no biases, SwiGLU (gate, up, down)
-        return _attention_params(dims, False) + 3 * h * f + 2 * h
-    if dims.arch == "t5":                           # RMS-style norms, no biases, ReLU MLP
-        sub = 3 if decoder else 2
-        return _attention_params(dims, False) * (2 if decoder else 1) + 2 * h * f + sub * h
-    # gpt and bert: LayerNorm (weight + bias) x2, biases everywhere, GELU MLP
-    return _attention_params(dims, True) + 2 * h * f + f + h + 2 * 2 * h
+    """Parameters of one repeated transformer block (a t5 decoder block with decoder=True)."""
+    return inventory.block(dims, kind=_kind(dims, decoder)).params
 
 
 def block_parameter_tensors(dims: TransformerDims, *, decoder: bool = False) -> tuple[int, ...]:
     """Sizes of one block's parameter tensors (they add up to `block_parameters`), as a framework
     that gathers tensor by tensor sees them (DeepSpeed ZeRO-3 hooks; Hugging Face layouts)."""
-    h, f = dims.hidden, dims.ffn_hidden
-    hq, hkv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    if dims.arch == "llama":                        # q, k, v, o; gate, up, down; two RMSNorms
-        return (h * hq, h * hkv, h * hkv, hq * h, h * f, h * f, f * h, h, h)
-    if dims.arch == "t5":                           # q, k, v, o (x2 in a decoder); wi, wo; norms
-        attention = (h * hq, h * hkv, h * hkv, hq * h) * (2 if decoder else 1)
-        return attention + (h * f, f * h) + (h,) * (3 if decoder else 2)
-    qkv = hq + 2 * hkv                              # qkv, proj, fc1, fc2 (weight, bias); 2 LNs
-    return (h * qkv, qkv, hq * h, h, h * f, f, f * h, h, h, h, h, h)
+    return tuple(t.numel for t in inventory.block(dims, kind=_kind(dims, decoder)).tensors)
+
+
+def _kind(dims: TransformerDims, decoder: bool) -> str:
+    return "decoder" if decoder else ("encoder" if dims.arch == "t5" else "block")
+
+
+def _split(layer: inventory.Layer) -> tuple[int, int]:
+    """(vocab-parallel tables, replicated tensors) of a layer."""
+    table = sum(t.numel for t in layer.tensors if t.vocab)
+    return table, layer.params - table
 
 
 def embedding_parameters(dims: TransformerDims) -> tuple[int, int]:
     """(vocab-parallel word table, replicated position / token-type tables and norms)."""
-    h = dims.hidden
-    word = dims.vocab * h
-    if dims.arch == "gpt":
-        return word, dims.max_positions * h
-    if dims.arch == "bert":
-        return word, (dims.max_positions + dims.type_vocab) * h + 2 * h
-    return word, 0
+    return _split(inventory.layers(dims)[0])
 
 
 def head_parameters(dims: TransformerDims) -> tuple[int, int]:
-    """(vocab-parallel output table if untied, replicated final norm / BERT MLM transform)."""
-    h = dims.hidden
-    table = 0 if dims.tie_embeddings else dims.vocab * h
-    extra = {"gpt": 2 * h, "llama": h, "t5": 2 * h,
-             "bert": h * h + h + 2 * h + dims.vocab}.get(dims.arch, 0)
-    return table, extra
+    """(vocab-parallel output table if untied, replicated final norms / BERT MLM transform).
+
+    The blocks are counted as repeated blocks (`block_parameters`), so the stack-level tensors of
+    the inventory are placed here: a t5 encoder's final norm counts with the head. T5's relative
+    position bias (32 x heads per stack, under 1e-6 of any T5 model) is not counted in memory."""
+    table, extra = _split(inventory.layers(dims)[-1])
+    norms = sum(t.numel for layer in inventory.layers(dims) for t in layer.tensors
+                if t.stack and t.name.endswith("final_norm.weight"))
+    return table, extra + norms
 
 
 def chunk_blocks(dims: TransformerDims, first_layer: int, end_layer: int) -> tuple[int, int]:
