@@ -263,6 +263,18 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     return MemoryEstimate(params * w, params * g, params * o, activations, other + reserve, details)
 
 
+def chunk_parameters(dims: TransformerDims, parallel: ParallelSpec) -> list[float]:
+    """Parameters of each model chunk on one TP rank (embedding with chunk 0, head with the last)."""
+    ranges = chunk_ranges(dims.total_layers, parallel)
+    out = []
+    for i, (a, b) in enumerate(ranges):
+        enc, dec = chunk_blocks(dims, a, b)
+        out.append(held_parameters(dims, tp=parallel.tensor, blocks=enc, decoder_blocks=dec,
+                                   first=i == 0, last=i == len(ranges) - 1,
+                                   pipelined=len(ranges) > 1))
+    return out
+
+
 def _stage_blocks(dims: TransformerDims, parallel: ParallelSpec) -> list[tuple[int, int]]:
     """(encoder-or-only blocks, t5 decoder blocks) per pipeline rank, all its chunks together."""
     p = parallel.pipeline

@@ -15,32 +15,25 @@ The result keeps the parts apart so the step summary can say where the time went
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from partita.planner.stages import chunk_ranges
+from partita.simulator.chunkcost import ChunkCost
 from partita.simulator.compute import (LayerTimes, element_bytes, elementwise_time, embedding_times,
                                head_times, layer_times)
 from partita.simulator.context import StepContext
-from partita.simulator.host import BACKWARD_KERNELS_PER_FORWARD, HostCosts, forward_kernels
+from partita.simulator.host import BACKWARD_KERNELS_PER_FORWARD, forward_kernels
 from partita.simulator.memory import block_parameter_tensors, block_parameters, chunk_blocks
-from partita.simulator.network import Group, Topology, collective, cp_ring_time, p2p
+from partita.simulator.network import Group, collective, cp_ring_time, p2p
 from partita.simulator.overheads import Overheads
+from partita.simulator.stepenv import StepEnv
 
 FSDP_GRAD_BYTES = 2      # ZeRO-3/FSDP reduce-scatter in the 16-bit compute dtype (DeepSpeed, FSDP2)
 # DeepSpeed ZeRO-3 keeps parameters below this many elements whole on every rank, gathered once
 # after the optimizer step (stage3_param_persistence_threshold, default 100000 since ZeRO-3's
 # release: stage3.py `param_persistence_threshold=100000`): biases and norms are not re-gathered.
 DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
-
-
-@dataclass(frozen=True)
-class ChunkCost:
-    """Seconds per micro-batch for one model chunk, and what they are made of."""
-    forward_s: float
-    backward_s: float          # includes recompute
-    backward_weight_s: float
-    parts: dict[str, float] = field(default_factory=dict, hash=False)   # per micro-batch, fwd+bwd
 
 
 @dataclass(frozen=True)
@@ -75,8 +68,8 @@ def sustained(lt: LayerTimes, oh: Overheads, family: str | None, precision: str,
                       lt.bwd_input_s + extra_i, lt.bwd_weight_s + extra_w, recompute, lt.parts)
 
 
-def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder: bool,
-               host: HostCosts = HostCosts()) -> BlockCost:
+def block_cost(env: StepEnv, *, decoder: bool) -> BlockCost:
+    ctx, topo, cal, oh = env.ctx, env.topo, env.cal, env.oh
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     gpu = ctx.system.gpu
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
@@ -120,17 +113,17 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
         fwd, bwd = fwd + cf, bwd + cb
 
     if p.zero >= 3 and p.data * p.context > 1:
-        fwd, bwd, bwd_w = _fsdp(ctx, topo, oh, decoder, fwd, bwd, bwd_w, parts,
+        fwd, bwd, bwd_w = _fsdp(env, decoder, fwd, bwd, bwd_w, parts,
                                 copy_s=lambda nbytes: elementwise_time(2 * nbytes, gpu, cal))
-    fwd, bwd, bwd_w = _host(ctx, host, decoder, fwd, bwd, bwd_w, parts)
+    fwd, bwd, bwd_w = _host(env, decoder, fwd, bwd, bwd_w, parts)
     return BlockCost(fwd, bwd, bwd_w, parts)
 
 
-def _host(ctx: StepContext, host: HostCosts, decoder: bool, fwd: float, bwd: float, bwd_w: float,
+def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
           parts: dict[str, float]) -> tuple[float, float, float]:
     """A block pass's host time (dispatch and launch per kernel, `simulator.host`) where it is
     exposed: beyond the device time, or all of it when launches block."""
-    t, p = ctx.training, ctx.parallel
+    t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention)
     recomputed = kf if t.recompute == "full" else 0          # a forward again, recording autograd
     hf = host.exposed(fwd, kf, t.launch_blocking)
@@ -141,7 +134,7 @@ def _host(ctx: StepContext, host: HostCosts, decoder: bool, fwd: float, bwd: flo
     return fwd + hf, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
 
 
-def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: float, bwd: float,
+def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
           bwd_w: float, parts: dict[str, float], *,
           copy_s: Callable[[float], float] = lambda nbytes: 0.0) -> tuple[float, float, float]:
     """ZeRO-3: per-block parameter all-gathers and gradient reduce-scatter (Rajbhandari et al. 2020,
@@ -163,6 +156,7 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     tensor, and each of its gathers and scatters built a list of per-rank tensors, which costs
     `Overheads.list_collective` per call: per rank, host work and a copy of that rank's share
     (`copy_s(bytes)`: read and write, at least the GPU's shortest kernel)."""
+    ctx, topo, oh = env.ctx, env.topo, env.oh
     p, t = ctx.parallel, ctx.training
     params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
     shape = ctx.placement.dp_group()
@@ -193,14 +187,12 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     return new_f, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
 
 
-def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads,
-                host: HostCosts = HostCosts()) -> list[ChunkCost]:
-    if ctx.profile is not None:
-        from partita.simulator import profiled
-        return profiled.chunk_costs(ctx, cal, oh)
+def chunk_costs(env: StepEnv) -> list[ChunkCost]:
+    """Per model chunk, seconds per micro-batch of a transformer scenario."""
+    ctx, cal, oh = env.ctx, env.cal, env.oh
     d, p, t = ctx.dims, ctx.parallel, ctx.training
-    enc = block_cost(ctx, topo, cal, oh, decoder=False, host=host)
-    dec = block_cost(ctx, topo, cal, oh, decoder=True, host=host) if d.arch == "t5" else None
+    enc = block_cost(env, decoder=False)
+    dec = block_cost(env, decoder=True) if d.arch == "t5" else None
     gpu = ctx.system.gpu
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
@@ -258,9 +250,6 @@ def boundary_bytes(ctx: StepContext, chunk: int) -> float:
     """Bytes of the activation passed from chunk `chunk` to the next (the gradient is the same
     size). Megatron splits it over the TP ranks (scatter-gather; Narayanan et al. 2021, Sec. 4.1);
     a t5 decoder chunk also carries the encoder output."""
-    if ctx.profile is not None:
-        from partita.simulator import profiled
-        return profiled.boundary_bytes(ctx, chunk)
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     e = element_bytes(t.precision)
     nbytes = e * t.micro_batch * d.seq_len / p.context * d.hidden / p.tensor
@@ -271,8 +260,10 @@ def boundary_bytes(ctx: StepContext, chunk: int) -> float:
     return nbytes
 
 
-def p2p_costs(ctx: StepContext, topo: Topology) -> tuple[list[float], list[float], list[bool]]:
-    """Per chunk boundary: activation and gradient transfer seconds, and same-node flags."""
+def p2p_costs(env: StepEnv, crossing: Sequence[float]) -> tuple[list[float], list[float], list[bool]]:
+    """Per chunk boundary (`crossing`: the bytes that cross it, `ModelCosts.boundary_bytes`):
+    activation and gradient transfer seconds, and same-node flags."""
+    ctx, topo = env.ctx, env.topo
     p = ctx.parallel
     chunks = p.pipeline * p.virtual_stages
     same_rank_node = ctx.placement.pp_neighbours_same_node()
@@ -282,7 +273,7 @@ def p2p_costs(ctx: StepContext, topo: Topology) -> tuple[list[float], list[float
         r = c % p.pipeline
         same_node = same_rank_node[r] if r < p.pipeline - 1 else (
             ctx.placement.gpus <= ctx.placement.gpus_per_node)
-        nbytes = boundary_bytes(ctx, c)
+        nbytes = crossing[c]
         secs = p2p(nbytes, same_node, topo, concurrent=sharing)
         act.append(secs)
         grad.append(secs)

@@ -214,6 +214,7 @@ def test_framework_block_overhead_is_paid_on_every_block_pass_of_that_framework_
     from partita.simulator.network import build_topology
     from partita.simulator.overheads import Overheads
     from partita.simulator.stagecosts import chunk_costs
+    from partita.simulator.stepenv import StepEnv
     from partita.planner.stages import chunk_ranges
     catalog, cal, c = load_catalog(), load_calibration(), 1e-3
     paying = Overheads(framework_block_overhead_s={"deepspeed": c})
@@ -222,8 +223,8 @@ def test_framework_block_overhead_is_paid_on_every_block_pass_of_that_framework_
         doc["training"].update(framework=framework, recompute="full")
         ctx = resolve(parse_scenario(doc), catalog)
         topo = build_topology(ctx.system, cal)
-        base = chunk_costs(ctx, topo, cal, Overheads())
-        paid = chunk_costs(ctx, topo, cal, paying)
+        base = chunk_costs(StepEnv(ctx=ctx, topo=topo, cal=cal, oh=Overheads()))
+        paid = chunk_costs(StepEnv(ctx=ctx, topo=topo, cal=cal, oh=paying))
         for (a, b), x, y in zip(chunk_ranges(ctx.dims.total_layers, ctx.parallel), base, paid):
             blocks = chunk_blocks(ctx.dims, a, b)[0]
             assert blocks > 0
@@ -375,9 +376,11 @@ def _chunks(doc, host):
     from partita.simulator.network import build_topology
     from partita.simulator.overheads import Overheads
     from partita.simulator.stagecosts import chunk_costs
+    from partita.simulator.stepenv import StepEnv
     cal = load_calibration()
     ctx = resolve(parse_scenario(doc), load_catalog())
-    return chunk_costs(ctx, build_topology(ctx.system, cal), cal, Overheads(), host)
+    return chunk_costs(StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal,
+                               oh=Overheads(), host=host))
 
 
 def test_host_exposed_only_where_the_host_is_slower_than_the_gpu():

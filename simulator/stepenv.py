@@ -1,0 +1,24 @@
+"""What one training step is costed on: the resolved scenario, the network, the calibration, the
+fitted overheads and the host's per-kernel costs, built once per simulation and passed as one."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from partita.simulator.calibration import Calibration
+from partita.simulator.context import StepContext
+from partita.simulator.host import HostCosts
+from partita.simulator.network import Topology
+from partita.simulator.overheads import Overheads
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepEnv:
+    """`ctx` the scenario resolved against the catalog; `topo` the network tiers of its system;
+    `cal` the efficiency curves and memory reserve; `oh` the fitted overheads (sustained fractions,
+    contention); `host` dispatch and launch time per kernel (default: none)."""
+
+    ctx: StepContext
+    topo: Topology
+    cal: Calibration
+    oh: Overheads
+    host: HostCosts = HostCosts()
