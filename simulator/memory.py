@@ -30,6 +30,7 @@ from partita.planner.scenario import ParallelSpec, TrainingSpec
 from partita.planner.stages import chunk_ranges
 from partita.simulator.calibration import Calibration
 from partita.simulator.compute import element_bytes
+from partita.simulator.frameworks import framework_profile
 
 KEYS = ("parameters", "gradients", "optimizer", "activations", "other")
 OPTIMIZER_STATE_BYTES = {"adam": 8.0, "sgd": 4.0}     # Adam: two fp32 moments; SGD: fp32 momentum
@@ -136,7 +137,9 @@ def bytes_per_parameter(precision: str, optimizer: str, zero: int, shard: int,
                         framework: str = "megatron") -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes per parameter on one GPU.
 
-    DeepSpeed's bf16 training without ZeRO-2/3 runs its BF16_Optimizer (deepspeed/runtime/
+    A framework whose profile has `bf16_fp32_gradient_copy` (simulator.frameworks) keeps an fp32
+    copy of every gradient in bf16 training below ZeRO-2: DeepSpeed's bf16 training without
+    ZeRO-2/3 runs its BF16_Optimizer (deepspeed/runtime/
     bf16_optimizer.py), which keeps the bf16 `.grad` and accumulates into a full fp32 copy of every
     gradient (`fp32_groups_gradients`, not sharded): 2 + 4 bytes. BigScience's BLOOM log measured
     it: "additional memory usage is 4bytes x params and it's not sharded across gpus"
@@ -149,7 +152,7 @@ def bytes_per_parameter(precision: str, optimizer: str, zero: int, shard: int,
     wide = precision in ("fp32", "tf32")
     weights = 4.0 if wide else 2.0
     grads = float(grad_bytes(precision)) if (wide or zero < 2) else 2.0   # ZeRO-2/3: 16-bit
-    if framework == "deepspeed" and precision == "bf16" and zero < 2:
+    if precision == "bf16" and zero < 2 and framework_profile(framework).bf16_fp32_gradient_copy:
         grads = 2.0 + 4.0                                   # BF16_Optimizer: bf16 + fp32 copy
     states = OPTIMIZER_STATE_BYTES[optimizer] + (0.0 if wide else 4.0)   # + fp32 master copy
     return (weights / shard if zero >= 3 else weights, grads / shard if zero >= 2 else grads,

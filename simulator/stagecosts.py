@@ -30,10 +30,6 @@ from partita.simulator.overheads import Overheads
 from partita.simulator.stepenv import StepEnv
 
 FSDP_GRAD_BYTES = 2      # ZeRO-3/FSDP reduce-scatter in the 16-bit compute dtype (DeepSpeed, FSDP2)
-# DeepSpeed ZeRO-3 keeps parameters below this many elements whole on every rank, gathered once
-# after the optimizer step (stage3_param_persistence_threshold, default 100000 since ZeRO-3's
-# release: stage3.py `param_persistence_threshold=100000`): biases and norms are not re-gathered.
-DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
 
 
 @dataclass(frozen=True)
@@ -144,18 +140,20 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
     kernels and add to them
     (DeepSpeed 0.3.x: every parameter all-gather synchronised the device, DeepSpeed PR #1188).
 
-    DeepSpeed gathers tensor by tensor (its hooks fetch each submodule's parameters; one collective
-    per parameter tensor, each paying the collective's latency; tensors under
-    DEEPSPEED_PERSISTENCE_THRESHOLD elements stay whole and are not gathered), FSDP one flat
-    parameter per block.
-    Under full recompute DeepSpeed gathers a block's parameters a third time: its hooks release them
-    after every submodule forward, and the recomputed forward runs those hooks again (FSDP gathers
-    once for the recompute and the backward: its pre-backward hook unshards the whole unit). The
-    framework's collectives run at `zero3_collective_fraction` of the modelled bandwidth.
-    DeepSpeed without prefetching is DeepSpeed 0.3 (see above): it also reduce-scattered tensor by
-    tensor, and each of its gathers and scatters built a list of per-rank tensors, which costs
-    `Overheads.list_collective` per call: per rank, host work and a copy of that rank's share
-    (`copy_s(bytes)`: read and write, at least the GPU's shortest kernel)."""
+    What differs between frameworks is the framework profile's (simulator.frameworks,
+    data/frameworks.yaml, with sources): `zero3_gather` `per_tensor` gathers tensor by tensor (one
+    collective per parameter tensor of the inventory, each paying the collective's latency, as
+    DeepSpeed's hooks fetch each submodule's parameters), `flat` one flat parameter per block (FSDP);
+    tensors under `zero3_persistence_threshold_params` elements stay whole and are not gathered.
+    `zero3_regather_on_recompute`: under full recompute a block's parameters are gathered a third
+    time (DeepSpeed's hooks release them after every submodule forward, and the recomputed forward
+    runs those hooks again; FSDP's pre-backward hook unshards the whole unit once).
+    `zero3_list_collectives_without_prefetch`: without prefetching (DeepSpeed 0.3, see above) the
+    gradients are also reduce-scattered tensor by tensor, and each gather and scatter builds a list
+    of per-rank tensors, which costs `Overheads.list_collective` per call: per rank, host work and a
+    copy of that rank's share (`copy_s(bytes)`: read and write, at least the GPU's shortest kernel).
+    The framework's collectives run at its fitted `zero3_collective_fraction` of the modelled
+    bandwidth."""
     ctx, topo, oh = env.ctx, env.topo, env.oh
     p, t = ctx.parallel, ctx.training
     params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
@@ -164,12 +162,12 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
                   concurrent=shape.per_node * shape.sharing)
     e = element_bytes(t.precision)
     slow = 1.0 / oh.zero3_collectives(t.framework)
-    deepspeed = t.framework == "deepspeed"
+    fw = env.framework
     tensors = (tuple(n / p.tensor for n in block_parameter_tensors(ctx.dims, decoder=decoder))
-               if deepspeed else (params,))
-    gathered = tuple(n for n in tensors if not deepspeed or n >= DEEPSPEED_PERSISTENCE_THRESHOLD)
+               if fw.zero3_gather == "per_tensor" else (params,))
+    gathered = tuple(n for n in tensors if n >= fw.zero3_persistence_threshold_params)
     ag = sum(collective("all_gather", "auto", n * e, group, topo) for n in gathered) * slow
-    if deepspeed and not p.overlap_param_gather:        # DeepSpeed 0.3: per tensor, from lists
+    if fw.zero3_list_collectives_without_prefetch and not p.overlap_param_gather:
         rs = sum(collective("reduce_scatter", "auto", n * FSDP_GRAD_BYTES, group, topo)
                  for n in tensors) * slow
         n = group.ranks
@@ -178,7 +176,7 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
                   for t in tensors)
     else:
         rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
-    regather = ag if (deepspeed and t.recompute == "full") else 0.0
+    regather = ag if (fw.zero3_regather_on_recompute and t.recompute == "full") else 0.0
     if p.overlap_param_gather:
         new_f, new_b = oh.overlapped(fwd, ag), oh.overlapped(bwd, ag + regather + rs)
     else:
@@ -214,7 +212,7 @@ def chunk_costs(env: StepEnv) -> list[ChunkCost]:
             if present:
                 f, bw, w = f + extra.fwd_s, bw + extra.bwd_s, w + extra.bwd_weight_s
                 parts["compute"] = parts.get("compute", 0.0) + extra.fwd_s + extra.bwd_s
-        hp = _hp_grad_update(ctx, cal, n_enc, n_dec, i == 0 or i == len(ranges) - 1)
+        hp = _hp_grad_update(env, n_enc, n_dec, i == 0 or i == len(ranges) - 1)
         if hp:
             bw, w = bw + hp, w + hp
             _add(parts, "hp_grad_update", hp)
@@ -230,12 +228,15 @@ def chunk_costs(env: StepEnv) -> list[ChunkCost]:
 HP_GRAD_KERNEL_BYTES = (6.0, 12.0)
 
 
-def _hp_grad_update(ctx: StepContext, cal, n_enc: int, n_dec: int, has_table: bool) -> float:
-    """Seconds per micro-batch of DeepSpeed's bf16 gradient accumulation into fp32 on one chunk:
-    DeepSpeed's pipeline engine (pipeline > 1) under bf16 with ZeRO 0 or 1 (the BF16_Optimizer;
-    ZeRO 2 and 3 accumulate in their own partitioned buffers)."""
+def _hp_grad_update(env: StepEnv, n_enc: int, n_dec: int, has_table: bool) -> float:
+    """Seconds per micro-batch of a bf16 gradient accumulation into fp32 on one chunk, for a
+    framework whose profile has `bf16_microbatch_gradient_accumulation` (DeepSpeed's pipeline
+    engine, pipeline > 1) under bf16 with ZeRO 0 or 1 (the BF16_Optimizer; ZeRO 2 and 3 accumulate
+    in their own partitioned buffers)."""
+    ctx, cal = env.ctx, env.cal
     p, t, d = ctx.parallel, ctx.training, ctx.dims
-    if t.framework != "deepspeed" or t.precision != "bf16" or p.pipeline < 2 or p.zero > 1:
+    if (not env.framework.bf16_microbatch_gradient_accumulation or t.precision != "bf16"
+            or p.pipeline < 2 or p.zero > 1):
         return 0.0
     tensors = [n / p.tensor for n in block_parameter_tensors(d)] * n_enc
     if n_dec:

@@ -59,7 +59,7 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     p = ctx.parallel
     costs = PipelineCosts(tuple(c.forward_s for c in chunks), tuple(c.backward_s for c in chunks),
                           tuple(c.backward_weight_s for c in chunks), tuple(act), tuple(grad),
-                          tuple(same), blocking_sends=ctx.training.framework == "deepspeed")
+                          tuple(same), blocking_sends=env.framework.blocking_sends)
     schedule = compiled_schedule(p.schedule, p.pipeline, ctx.microbatches, p.virtual_stages)
     timeline = simulate_pipeline(schedule, costs, trace=trace)
     # The fill and the drain each cross every chunk boundary once on the critical path

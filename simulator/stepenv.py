@@ -1,11 +1,13 @@
 """What one training step is costed on: the resolved scenario, the network, the calibration, the
-fitted overheads and the host's per-kernel costs, built once per simulation and passed as one."""
+fitted overheads and the host's per-kernel costs, built once per simulation and passed as one;
+with them the training framework's profile."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from partita.simulator.calibration import Calibration
 from partita.simulator.context import StepContext
+from partita.simulator.frameworks import FrameworkProfile, framework_profile
 from partita.simulator.host import HostCosts
 from partita.simulator.network import Topology
 from partita.simulator.overheads import Overheads
@@ -22,3 +24,8 @@ class StepEnv:
     cal: Calibration
     oh: Overheads
     host: HostCosts = HostCosts()
+
+    @property
+    def framework(self) -> FrameworkProfile:
+        """How `training.framework` runs what the cost model prices (data/frameworks.yaml)."""
+        return framework_profile(self.ctx.training.framework)

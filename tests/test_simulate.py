@@ -316,13 +316,17 @@ def test_list_collectives_grow_with_ranks_only_for_deepspeed_without_prefetch():
 def test_deepspeed_does_not_gather_tensors_under_the_persistence_threshold(monkeypatch):
     """stage3_param_persistence_threshold (100,000 elements): biases and norms stay whole, so only
     the weight matrices are gathered per block; gathering everything costs more latency."""
-    from partita.simulator import stagecosts
+    from dataclasses import replace
+    from partita.simulator import stepenv
+    from partita.simulator.frameworks import framework_profile
     from partita.simulator.overheads import Overheads
     catalog = load_catalog()
     doc = _framework_doc("deepspeed")
     doc["parallel"]["overlap_param_gather"] = False
     kept = simulate(parse_scenario(doc), catalog, overheads=Overheads()).breakdown_s["fsdp_comm"]
-    monkeypatch.setattr(stagecosts, "DEEPSPEED_PERSISTENCE_THRESHOLD", 0)
+    assert framework_profile("deepspeed").zero3_persistence_threshold_params == 100_000
+    every_tensor = replace(framework_profile("deepspeed"), zero3_persistence_threshold_params=0)
+    monkeypatch.setattr(stepenv, "framework_profile", lambda name: every_tensor)
     every = simulate(parse_scenario(doc), catalog, overheads=Overheads()).breakdown_s["fsdp_comm"]
     assert every > kept
 
