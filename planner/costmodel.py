@@ -61,7 +61,7 @@ def block_gemms(dims: TransformerDims, micro_batch: int, *, kind: str | None = N
                 tensor: int = 1, context: int = 1) -> list[Gemm]:
     """The forward GEMMs of one block ("block"; for t5 "encoder" (default) or "decoder") on one
     tensor-parallel rank, the attention core (`*.scores`, `*.context`) included."""
-    kind = kind or ("encoder" if dims.arch == "t5" else "block")
+    kind = kind or inventory.block_kind(dims)
     layer = inventory.block(dims, kind=kind, micro_batch=micro_batch, tensor=tensor, context=context)
     return list(layer.gemms + layer.attention)
 

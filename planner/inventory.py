@@ -136,7 +136,7 @@ def _head_tensors(d: TransformerDims) -> tuple[Tensor, ...]:
 
 # ---- GEMMs ----
 
-def _heads(d: TransformerDims, tensor: int) -> tuple[int, int]:
+def heads_per_rank(d: TransformerDims, tensor: int) -> tuple[int, int]:
     """Query heads and key/value heads on one TP rank (kv heads replicate when fewer than tensor)."""
     return d.heads // tensor, max(d.kv_heads // tensor, 1)
 
@@ -144,7 +144,7 @@ def _heads(d: TransformerDims, tensor: int) -> tuple[int, int]:
 def _block_gemms(d: TransformerDims, kind: str, b: int, tensor: int,
                  context: int) -> tuple[tuple[Gemm, ...], tuple[Gemm, ...]]:
     tokens = b * d.seq_len // context
-    q_heads, kv_heads = _heads(d, tensor)
+    q_heads, kv_heads = heads_per_rank(d, tensor)
     hd, h, f = d.head_dim, d.hidden, d.ffn_hidden // tensor
     gemms = [Gemm("qkv", tokens, (q_heads + 2 * kv_heads) * hd, h), Gemm("attn_out", tokens, h, q_heads * hd)]
     rows, s_kv = b * q_heads * (d.seq_len // context), d.seq_len
@@ -164,6 +164,11 @@ def _head_gemms(d: TransformerDims, b: int, tensor: int, context: int) -> tuple[
 
 
 # ---- the list ----
+
+def block_kind(dims: TransformerDims, decoder: bool = False) -> str:
+    """The kind of a model's repeated block: "block", or for t5 "encoder" / "decoder"."""
+    return "decoder" if decoder else ("encoder" if dims.arch == "t5" else "block")
+
 
 @lru_cache(maxsize=256)
 def block(dims: TransformerDims, *, kind: str = "block", micro_batch: int = 1, tensor: int = 1,

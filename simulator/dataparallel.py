@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from partita.simulator.compute import element_bytes
 from partita.simulator.context import StepContext
-from partita.simulator.memory import grad_bytes
+from partita.simulator.memory import embedding_parameters, grad_bytes
 from partita.simulator.network import Group, collective
 from partita.simulator.result import Span
 from partita.simulator.stepenv import StepEnv
@@ -133,7 +133,7 @@ def step_sync_time(env: StepEnv) -> dict[str, float]:
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     out = {"embedding_sync": 0.0, "step_sync": 0.0}
     if p.pipeline > 1 and d is not None and d.tie_embeddings:      # a module model has no dims
-        nbytes = d.vocab / p.tensor * d.hidden * grad_bytes(t.precision)
+        nbytes = embedding_parameters(d)[0] / p.tensor * grad_bytes(t.precision)   # word table
         same_node = ctx.placement.gpus <= ctx.placement.gpus_per_node
         out["embedding_sync"] = collective("allreduce", "ring", nbytes,
                                            Group(2, 2 if same_node else 1), topo)

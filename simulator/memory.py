@@ -64,17 +64,13 @@ class MemoryEstimate:
 
 def block_parameters(dims: TransformerDims, *, decoder: bool = False) -> int:
     """Parameters of one repeated transformer block (a t5 decoder block with decoder=True)."""
-    return inventory.block(dims, kind=_kind(dims, decoder)).params
+    return inventory.block(dims, kind=inventory.block_kind(dims, decoder)).params
 
 
 def block_parameter_tensors(dims: TransformerDims, *, decoder: bool = False) -> tuple[int, ...]:
     """Sizes of one block's parameter tensors (they add up to `block_parameters`), as a framework
     that gathers tensor by tensor sees them (DeepSpeed ZeRO-3 hooks; Hugging Face layouts)."""
-    return tuple(t.numel for t in inventory.block(dims, kind=_kind(dims, decoder)).tensors)
-
-
-def _kind(dims: TransformerDims, decoder: bool) -> str:
-    return "decoder" if decoder else ("encoder" if dims.arch == "t5" else "block")
+    return tuple(t.numel for t in inventory.block(dims, kind=inventory.block_kind(dims, decoder)).tensors)
 
 
 def _split(layer: inventory.Layer) -> tuple[int, int]:

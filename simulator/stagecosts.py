@@ -24,7 +24,8 @@ from partita.simulator.compute import (LayerTimes, element_bytes, elementwise_ti
                                head_times, layer_times)
 from partita.simulator.context import StepContext
 from partita.simulator.host import BACKWARD_KERNELS_PER_FORWARD, forward_kernels
-from partita.simulator.memory import block_parameter_tensors, block_parameters, chunk_blocks
+from partita.simulator.memory import (block_parameter_tensors, block_parameters, chunk_blocks,
+                                      embedding_parameters)
 from partita.simulator.network import Group, collective, cp_ring_time, p2p
 from partita.simulator.overheads import Overheads
 from partita.simulator.stepenv import StepEnv
@@ -242,7 +243,7 @@ def _hp_grad_update(env: StepEnv, n_enc: int, n_dec: int, has_table: bool) -> fl
     if n_dec:
         tensors += [n / p.tensor for n in block_parameter_tensors(d, decoder=True)] * n_dec
     if has_table:
-        tensors.append(d.vocab * d.hidden / p.tensor)
+        tensors.append(embedding_parameters(d)[0] / p.tensor)      # the word table
     gpu = ctx.system.gpu
     return sum(elementwise_time(n * b, gpu, cal) for n in tensors for b in HP_GRAD_KERNEL_BYTES)
 
