@@ -68,6 +68,11 @@ class Layer:
         return sum(t.numel for t in self.tensors)
 
     @property
+    def vocab_params(self) -> int:
+        """Parameters in vocabulary-sized tables (split over the tensor-parallel ranks)."""
+        return sum(t.numel for t in self.tensors if t.vocab)
+
+    @property
     def fwd_flops(self) -> int:
         """Forward matmul FLOPs, attention core included."""
         return sum(g.flops for g in self.gemms) + sum(g.flops for g in self.attention)

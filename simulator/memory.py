@@ -75,8 +75,7 @@ def block_parameter_tensors(dims: TransformerDims, *, decoder: bool = False) -> 
 
 def _split(layer: inventory.Layer) -> tuple[int, int]:
     """(vocab-parallel tables, replicated tensors) of a layer."""
-    table = sum(t.numel for t in layer.tensors if t.vocab)
-    return table, layer.params - table
+    return layer.vocab_params, layer.params - layer.vocab_params
 
 
 def embedding_parameters(dims: TransformerDims) -> tuple[int, int]:
