@@ -1,6 +1,7 @@
 """Analytic per-layer costs of a transformer (no torch): parameters, FLOPs, activation and output bytes.
 
-This is the simulator's fast path; `planner.profiler` measures the same quantities on the torch
+Parameters and GEMMs are sums over the model-cost inventory (`planner.inventory`); this module
+adds the activation and output bytes and assembles the `ModelProfile`. This is the simulator's fast path; `planner.profiler` measures the same quantities on the torch
 models (planner/models/) and the tests hold the two together: parameters exactly, FLOPs and
 activation bytes to well under 1%.
 
@@ -28,30 +29,18 @@ The head includes the fp32 log-softmax of the loss (t * vocab * 4 bytes).
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
+from partita.planner import inventory
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
+from partita.planner.inventory import Gemm, total_params
 from partita.planner.profile import LayerProfile, ModelProfile
+
+__all__ = ["Gemm", "analytic_profile", "block_gemms", "element_bytes", "head_gemms", "layer_params",
+           "model_flops_per_step", "total_params"]
 
 PRECISION_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 2}   # params and activations
 FP32 = 4
 INDEX = 8              # int64 token / position / bucket ids
-T5_BUCKETS = 32        # T5's relative_attention_num_buckets
-
-
-class Gemm(NamedTuple):
-    """One forward matrix multiply, (m x k) @ (k x n). Attention's batched products fold
-    batch x heads into m."""
-
-    name: str
-    m: int
-    n: int
-    k: int
-
-    @property
-    def flops(self) -> int:
-        return 2 * self.m * self.n * self.k
 
 
 def element_bytes(precision: str) -> int:
@@ -61,99 +50,32 @@ def element_bytes(precision: str) -> int:
     return PRECISION_BYTES[precision]
 
 
-# ---- parameters ------------------------------------------------------------------------------
-
-def _attn_params(d: TransformerDims, bias: bool) -> int:
-    qw, kvw = d.heads * d.head_dim, d.kv_heads * d.head_dim
-    weights = d.hidden * (qw + 2 * kvw) + qw * d.hidden
-    return weights + ((qw + 2 * kvw + d.hidden) if bias else 0)
-
-
-def _mlp_params(d: TransformerDims, bias: bool) -> int:
-    if d.arch == "llama":
-        return 3 * d.hidden * d.ffn_hidden
-    return 2 * d.hidden * d.ffn_hidden + ((d.ffn_hidden + d.hidden) if bias else 0)
-
+# ---- parameters and GEMMs: sums over planner.inventory ----------------------------------------
 
 def layer_params(d: TransformerDims) -> list[tuple[str, str, int]]:
-    """(name, kind, parameters) per pipeline layer, each shared tensor counted in its first layer
-    (a tied LM head in the embedding, T5's relative position bias in the stack's first block)."""
-    h, v = d.hidden, d.vocab
-    untied = 0 if d.tie_embeddings else v * h
-    if d.arch == "t5":
-        enc = [2 * h + _attn_params(d, False) + _mlp_params(d, False)
-               + (T5_BUCKETS * d.heads if i == 0 else 0) + (h if i == d.layers - 1 else 0)
-               for i in range(d.layers)]
-        dec = [3 * h + 2 * _attn_params(d, False) + _mlp_params(d, False)
-               + (T5_BUCKETS * d.heads if i == 0 else 0) for i in range(d.decoder_layers)]
-        return ([("embedding", "embedding", v * h)]
-                + [(f"encoder.{i}", "encoder", p) for i, p in enumerate(enc)]
-                + [(f"decoder.{i}", "decoder", p) for i, p in enumerate(dec)]
-                + [("head", "head", h + untied)])
-    if d.arch == "llama":
-        emb, block, head = v * h, 2 * h + _attn_params(d, False) + _mlp_params(d, False), h + untied
-    elif d.arch == "gpt":
-        emb = (v + d.max_positions) * h
-        block, head = 4 * h + _attn_params(d, True) + _mlp_params(d, True), 2 * h + untied
-    else:   # bert: word, position, token-type embeddings + LayerNorm; MLM head transform + bias
-        emb = (v + d.max_positions + d.type_vocab) * h + 2 * h
-        block = 4 * h + _attn_params(d, True) + _mlp_params(d, True)
-        head = h * h + h + 2 * h + v + untied
-    return ([("embedding", "embedding", emb)]
-            + [(f"block.{i}", "block", block) for i in range(d.layers)] + [("head", "head", head)])
+    """(name, kind, parameters) per pipeline layer (planner.inventory.layers)."""
+    return [(layer.name, layer.kind, layer.params) for layer in inventory.layers(d)]
 
 
-def total_params(d: TransformerDims) -> int:
-    return sum(p for _, _, p in layer_params(d))
-
-
-# ---- GEMMs and FLOPs -------------------------------------------------------------------------
-
-def attention_gemms(d: TransformerDims, b: int, s_q: int, s_kv: int, *, prefix: str = "attn",
-                    tensor: int = 1) -> list[Gemm]:
-    """q/k/v projections, scores q k^T, probabilities x v, output projection; heads split `tensor`
-    ways (k/v heads replicated when fewer than `tensor`, as Megatron does)."""
-    h, hd = d.hidden, d.head_dim
-    heads, kv = d.heads // tensor, max(d.kv_heads // tensor, 1)
-    tq, tkv = b * s_q, b * s_kv
-    return [Gemm(f"{prefix}.q_proj", tq, heads * hd, h), Gemm(f"{prefix}.k_proj", tkv, kv * hd, h),
-            Gemm(f"{prefix}.v_proj", tkv, kv * hd, h), Gemm(f"{prefix}.scores", b * heads * s_q, s_kv, hd),
-            Gemm(f"{prefix}.context", b * heads * s_q, hd, s_kv), Gemm(f"{prefix}.o_proj", tq, h, heads * hd)]
-
-
-def mlp_gemms(d: TransformerDims, tokens: int, *, tensor: int = 1) -> list[Gemm]:
-    h, f = d.hidden, d.ffn_hidden // tensor
-    gate = [Gemm("mlp.gate_proj", tokens, f, h)] if d.arch == "llama" else []
-    return gate + [Gemm("mlp.up_proj", tokens, f, h), Gemm("mlp.down_proj", tokens, h, f)]
-
-
-def block_gemms(dims: TransformerDims, micro_batch: int, *, tokens: int | None = None,
-                kind: str | None = None, tensor: int = 1) -> list[Gemm]:
-    """The forward GEMMs of one block ("block"; for t5 "encoder" (default) or "decoder").
-
-    tokens: query tokens per sequence on this rank (default seq_len; seq_len / context-parallel
-    degree under context parallelism); keys and values always span the whole seq_len.
-    tensor: tensor-parallel degree (each rank's share of heads and ffn columns)."""
-    s_q = dims.seq_len if tokens is None else tokens
-    kind = kind or ("encoder" if dims.arch == "t5" else "block")
-    gemms = attention_gemms(dims, micro_batch, s_q, dims.seq_len, tensor=tensor)
-    if kind == "decoder":
-        gemms += attention_gemms(dims, micro_batch, s_q, dims.seq_len, prefix="cross_attn",
-                                 tensor=tensor)
-    return gemms + mlp_gemms(dims, micro_batch * s_q, tensor=tensor)
+def block_gemms(dims: TransformerDims, micro_batch: int, *, kind: str | None = None,
+                tensor: int = 1, context: int = 1) -> list[Gemm]:
+    """The forward GEMMs of one block ("block"; for t5 "encoder" (default) or "decoder") on one
+    tensor-parallel rank, the attention core (`*.scores`, `*.context`) included."""
+    kind = kind or inventory.block_kind(dims)
+    layer = inventory.block(dims, kind=kind, micro_batch=micro_batch, tensor=tensor, context=context)
+    return list(layer.gemms + layer.attention)
 
 
 def head_gemms(d: TransformerDims, micro_batch: int) -> list[Gemm]:
-    t = micro_batch * d.seq_len
-    transform = [Gemm("transform", t, d.hidden, d.hidden)] if d.arch == "bert" else []
-    return transform + [Gemm("lm_head", t, d.vocab, d.hidden)]
+    return list(inventory.layers(d, micro_batch=micro_batch)[-1].gemms)
 
 
 def _fwd_flops(d: TransformerDims, kind: str, micro_batch: int) -> int:
     if kind == "embedding":
         return 0
-    gemms = head_gemms(d, micro_batch) if kind == "head" else block_gemms(d, micro_batch, kind=kind)
-    return sum(g.flops for g in gemms)
+    if kind == "head":
+        return sum(g.flops for g in head_gemms(d, micro_batch))
+    return inventory.block(d, kind=kind, micro_batch=micro_batch).fwd_flops
 
 
 def model_flops_per_step(dims: TransformerDims, global_batch: int) -> float:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from partita.planner import inventory
 from partita.planner.costmodel import analytic_profile, element_bytes
 from partita.planner.documents import load_document
 from partita.planner.modelspec import TransformerDims
@@ -115,7 +116,7 @@ def transformer_graph(dims: TransformerDims, training: TrainingSpec, parallel: P
         edges += [(enc_last, j) for j in range(dims.layers + 1, n)]
     ties = ()
     if dims.tie_embeddings and n > 1:
-        table = dims.vocab * dims.hidden / tp
+        table = inventory.layers(dims)[0].vocab_params / tp          # the shared word table
         m = max(1, training.global_batch // (training.micro_batch * parallel.data))
         sync = 2 * table * e / link_bytes_per_s / m       # the embedding group's all-reduce
         ties = (Tie(first=0, second=n - 1, state_bytes=table * per_param, sync_s=sync),)

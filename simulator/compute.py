@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from partita.planner.costmodel import Gemm, element_bytes
+from partita.planner import inventory
+from partita.planner.costmodel import element_bytes
+from partita.planner.inventory import Gemm
 from partita.planner.enums import RECOMPUTE
 from partita.planner.errors import PartitaError
 from partita.planner.hardware import GPU
@@ -110,30 +112,12 @@ def _attention(flops: float, causal: bool, gpu: GPU, precision: str, g: GpuCalib
 
 # ---- shapes of one block ----
 
-def _heads(dims: TransformerDims, tp: int) -> tuple[int, int]:
-    """Query heads and key/value heads on one TP rank (kv heads replicate when fewer than tp)."""
-    return dims.heads // tp, max(dims.kv_heads // tp, 1)
-
-
 def block_gemms(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 1,
                 *, decoder: bool = False) -> list[Gemm]:
-    """The matmuls of one block forward on one TP rank (attention core excluded), fused as
-    Megatron-LM runs them (one QKV GEMM, one gate+up GEMM); the same FLOPs as
-    planner.costmodel.block_gemms, whose unfused list also holds the attention core."""
-    tokens = micro_batch * dims.seq_len // cp
-    q_heads, kv_heads = _heads(dims, tp)
-    hd, h = dims.head_dim, dims.hidden
-    gated = dims.arch == "llama"
-    ffn_local = dims.ffn_hidden // tp
-    out = [Gemm("qkv", tokens, (q_heads + 2 * kv_heads) * hd, h),
-           Gemm("attn_out", tokens, h, q_heads * hd)]
-    if decoder:                                       # t5 cross-attention over the encoder output
-        out += [Gemm("cross_q", tokens, q_heads * hd, h),
-                Gemm("cross_kv", tokens, 2 * kv_heads * hd, h),
-                Gemm("cross_out", tokens, h, q_heads * hd)]
-    out += [Gemm("mlp_up", tokens, (2 if gated else 1) * ffn_local, h),
-            Gemm("mlp_down", tokens, h, ffn_local)]
-    return out
+    """The GEMM kernels of one block forward on one TP rank (planner.inventory; the attention
+    core, which the attention kernel runs, excluded)."""
+    kind = inventory.block_kind(dims, decoder)
+    return list(inventory.block(dims, kind=kind, micro_batch=micro_batch, tensor=tp, context=cp).gemms)
 
 
 def _block_elementwise_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: bool,
@@ -150,15 +134,23 @@ def _block_elementwise_bytes(dims: TransformerDims, micro_batch: int, tp: int, c
     act = (3 if dims.arch == "llama" else 2) * tokens * ffn_local   # SwiGLU reads gate and up
     rope = 0.0
     if dims.arch == "llama":
-        q_heads, kv_heads = _heads(dims, tp)
+        q_heads, kv_heads = inventory.heads_per_rank(dims, tp)
         rope = 2 * tokens * (q_heads + kv_heads) * dims.head_dim
     return e * (norms + residuals + act + rope)
 
 
+def _self_attention_core(dims: TransformerDims, micro_batch: int, tp: int,
+                         cp: int) -> tuple[Gemm, Gemm]:
+    """The inventory's Q K^T and probabilities x V of one block's self-attention on one TP rank
+    (batch x heads/tp x seq/cp query rows against the whole sequence)."""
+    layer = inventory.block(dims, micro_batch=micro_batch, tensor=tp, context=cp)
+    scores, context = layer.attention[:2]
+    return scores, context
+
+
 def _block_attention_flops(dims: TransformerDims, micro_batch: int, tp: int,
                            cp: int) -> float:
-    q_heads, _ = _heads(dims, tp)
-    return attention_flops(micro_batch, q_heads, dims.seq_len // cp, dims.seq_len, dims.head_dim)
+    return float(sum(g.flops for g in _self_attention_core(dims, micro_batch, tp, cp)))
 
 
 def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int, precision: str,
@@ -175,13 +167,11 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
     2e + 2e + 2e + 2e + (2e + 1) bytes per score, backward dropout (2e + 1), softmax (3e), the
     mask's multiply (2e) and the scale (2e); the subtraction of a constant passes its gradient.
     """
-    q_heads, _ = _heads(dims, tp)
-    s_q, s_kv, hd = dims.seq_len // cp, dims.seq_len, dims.head_dim
-    rows = micro_batch * q_heads * s_q
+    qk, pv = _self_attention_core(dims, micro_batch, tp, cp)
     e = element_bytes(precision)
-    scores = float(rows * s_kv)
-    fwd = _gemm(rows, s_kv, hd, gpu, precision, g) + _gemm(rows, hd, s_kv, gpu, precision, g)
-    bwd = 2 * _gemm(rows, s_kv, hd, gpu, precision, g) + 2 * _gemm(rows, hd, s_kv, gpu, precision, g)
+    scores = float(qk.m * qk.n)
+    fwd = _gemm(*qk[1:], gpu, precision, g) + _gemm(*pv[1:], gpu, precision, g)
+    bwd = 2 * _gemm(*qk[1:], gpu, precision, g) + 2 * _gemm(*pv[1:], gpu, precision, g)
     if eager:
         fwd += sum(_elementwise(scores * b, gpu, g) for b in (2 * e, 2 * e, 2 * e, 2 * e, 2 * e + 1))
         bwd += sum(_elementwise(scores * b, gpu, g) for b in (2 * e + 1, 3 * e, 2 * e, 2 * e))
@@ -275,11 +265,12 @@ def loss_backward_bytes(e: int) -> tuple[float, ...]:
 
 def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
                precision: str, gpu: GPU, cal: Calibration) -> LayerTimes:
-    """Final norm, LM head GEMM (vocab split over tp) and the cross-entropy loss (fp32)."""
+    """Final norm, LM head GEMM (the inventory's, vocab split over tp) and the cross-entropy loss
+    (fp32). BERT's MLM transform GEMM (hidden x hidden, in the inventory's head) is not timed."""
     g = cal.gpu(gpu.name)
     e = element_bytes(precision)
-    tokens = micro_batch * dims.seq_len // cp
-    vocab_local = dims.vocab // tp
+    head = inventory.layers(dims, micro_batch=micro_batch, tensor=tp, context=cp)[-1]
+    tokens, vocab_local, _ = next(gm for gm in head.gemms if gm.name == "lm_head")[1:]
     gemm_f = _gemm(tokens, vocab_local, dims.hidden, gpu, precision, g)
     gemm_i = _gemm(tokens, dims.hidden, vocab_local, gpu, precision, g)
     gemm_w = _gemm(dims.hidden, vocab_local, tokens, gpu, precision, g)
@@ -298,6 +289,5 @@ def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: i
 
 def block_matmul_flops(dims: TransformerDims, micro_batch: int, *, decoder: bool = False) -> float:
     """Forward matmul FLOPs of one whole block (all TP ranks, attention core included)."""
-    gemms = sum(g.flops for g in block_gemms(dims, micro_batch, 1, 1, decoder=decoder))
-    attn = attention_flops(micro_batch, dims.heads, dims.seq_len, dims.seq_len, dims.head_dim)
-    return gemms + attn * (2 if decoder else 1)
+    return float(inventory.block(dims, kind=inventory.block_kind(dims, decoder),
+                                 micro_batch=micro_batch).fwd_flops)

@@ -14,6 +14,7 @@ from partita.planner.modelspec import TransformerDims
 from partita.planner.profile import ModelProfile
 from partita.planner.scenario import ParallelSpec, Scenario, TrainingSpec, check_plan
 from partita.planner.stages import with_default_stages
+from partita.simulator import profiled
 from partita.simulator.placement import Placement
 
 @dataclass(frozen=True)
@@ -63,7 +64,6 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
     check_plan(scenario, gpus, dims)
     profile = None
     if dims is None:                      # a torch module: cost it from its meta-device profile
-        from partita.simulator import profiled
         profile = profiled.load_profile(scenario)
         profiled.check(scenario, profile)
     p = with_default_stages(scenario.parallel, dims)     # uneven layer counts: balanced split

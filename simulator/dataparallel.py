@@ -12,15 +12,14 @@ other; only the last bucket of the rank's last chunk cannot overlap at all. Algo
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 
-from partita.planner.modelspec import TransformerDims
-from partita.planner.stages import chunk_ranges
 from partita.simulator.compute import element_bytes
 from partita.simulator.context import StepContext
-from partita.simulator.memory import chunk_blocks, grad_bytes, held_parameters
-from partita.simulator.network import Group, Topology, collective
+from partita.simulator.memory import embedding_parameters, grad_bytes
+from partita.simulator.network import Group, collective
 from partita.simulator.result import Span
+from partita.simulator.stepenv import StepEnv
 
 BUCKET_PARAMS = 40_000_000       # Megatron-Core DDP default bucket size (elements)
 # Adam touches per parameter: read fp32 master, grad, m, v; write master, m, v, 16-bit copy;
@@ -29,28 +28,14 @@ ADAM_BYTES_PER_PARAM = 34.0
 SGD_BYTES_PER_PARAM = 22.0
 
 
-def chunk_parameters(dims: TransformerDims, ctx: StepContext) -> list[float]:
-    """Parameters of each model chunk on one TP rank (embedding with chunk 0, head with the last)."""
-    if ctx.profile is not None:
-        from partita.simulator import profiled
-        return profiled.chunk_parameters(ctx)
-    ranges = chunk_ranges(dims.total_layers, ctx.parallel)
-    out = []
-    for i, (a, b) in enumerate(ranges):
-        enc, dec = chunk_blocks(dims, a, b)
-        out.append(held_parameters(dims, tp=ctx.parallel.tensor, blocks=enc, decoder_blocks=dec,
-                                   first=i == 0, last=i == len(ranges) - 1,
-                                   pipelined=len(ranges) > 1))
-    return out
-
-
 def _dp_group(ctx: StepContext) -> Group:
     shape = ctx.placement.dp_group()
     return Group(shape.n, shape.per_node, concurrent=shape.per_node * shape.sharing)
 
 
-def reduction_time(ctx: StepContext, topo: Topology, params: float) -> float:
+def reduction_time(env: StepEnv, params: float) -> float:
     """Seconds to reduce `params` parameters' gradients across the data-parallel group."""
+    ctx, topo = env.ctx, env.topo
     p = ctx.parallel
     if p.data <= 1 or p.zero >= 3 or params <= 0:
         return 0.0
@@ -62,9 +47,10 @@ def reduction_time(ctx: StepContext, topo: Topology, params: float) -> float:
     return collective("reduce_scatter", "ring", nbytes, group, topo)
 
 
-def param_gather_time(ctx: StepContext, topo: Topology, params: float) -> float:
+def param_gather_time(env: StepEnv, params: float) -> float:
     """ZeRO-1/2: all-gather of the updated 16-bit parameters (exposed, or beside the next forward
     with `overlap_param_gather`)."""
+    ctx, topo = env.ctx, env.topo
     p = ctx.parallel
     if p.data <= 1 or p.zero not in (1, 2):
         return 0.0
@@ -72,23 +58,23 @@ def param_gather_time(ctx: StepContext, topo: Topology, params: float) -> float:
     return collective("all_gather", "auto", params * e, _dp_group(ctx), topo)
 
 
-def dp_finish_times(ctx: StepContext, topo: Topology, cal, timeline, costs, rank_ends,
-                    contention: Callable[[float], float] = lambda comm_s: 0.0, *,
+def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[float], *,
                     trace: bool = False):
-    """Per pipeline rank, when its gradients are reduced (>= its last backward).
+    """Per pipeline rank, when its gradients are reduced (>= its last backward); `params`: the
+    parameters of each model chunk on one TP rank.
 
-    Overlapped collectives slow the kernels beside them: `contention(comm_s)` (Overheads.contention;
-    by default none) delays the backward a bucketed reduction runs beside, and the next step's
-    first forward beside the overlapped ZeRO-1/2 parameter all-gather."""
-    p = ctx.parallel
-    params = chunk_parameters(ctx.dims, ctx)
+    Overlapped collectives slow the kernels beside them: `env.oh.contention(comm_s)` delays the
+    backward a bucketed reduction runs beside, and the next step's first forward beside the
+    overlapped ZeRO-1/2 parameter all-gather."""
+    p = env.ctx.parallel
+    contention = env.oh.contention
     ends, spans = [], []
     for r in range(p.pipeline):
         chunks = sorted(range(r, len(params), p.pipeline),
                         key=lambda c: timeline.last_backward_s[c])
         lane, delay = 0.0, 0.0
         for c in chunks:
-            t_red = reduction_time(ctx, topo, params[c])
+            t_red = reduction_time(env, params[c])
             if t_red <= 0:
                 continue
             done = timeline.last_backward_s[c] + delay
@@ -105,17 +91,18 @@ def dp_finish_times(ctx: StepContext, topo: Topology, cal, timeline, costs, rank
                 lane = start + t_red
             if trace:
                 spans.append(Span(r, "dp", f"{c}REDUCE_GRAD", start, lane, "comm"))
-        gather = param_gather_time(ctx, topo, sum(params[c] for c in chunks))
+        gather = param_gather_time(env, sum(params[c] for c in chunks))
         if p.overlap_param_gather:
             delay, gather = delay + contention(gather), 0.0
         ends.append(max(rank_ends[r] + delay, lane) + gather)
     return ends, spans
 
 
-def optimizer_time(ctx: StepContext, cal) -> float:
-    """The optimizer update of the largest rank's parameter shard: memory-bound."""
+def optimizer_time(env: StepEnv, params: Sequence[float]) -> float:
+    """The optimizer update of the largest rank's parameter shard (`params`: per model chunk on
+    one TP rank): memory-bound."""
+    ctx, cal = env.ctx, env.cal
     p, t = ctx.parallel, ctx.training
-    params = chunk_parameters(ctx.dims, ctx)
     per_rank = max(sum(params[c] for c in range(r, len(params), p.pipeline))
                    for r in range(p.pipeline))
     if p.zero >= 1:
@@ -134,7 +121,7 @@ def optimizer_time(ctx: StepContext, cal) -> float:
 STEP_SCALARS = {"grad_norm": "model", "loss": "data", "found_inf": "model"}
 
 
-def step_sync_time(ctx: StepContext, topo: Topology) -> dict[str, float]:
+def step_sync_time(env: StepEnv) -> dict[str, float]:
     """Seconds of the step's synchronisations between the gradient reduction and the update.
 
     - `embedding_sync`: with a tied input embedding and LM head on different pipeline stages, the
@@ -142,10 +129,11 @@ def step_sync_time(ctx: StepContext, topo: Topology) -> dict[str, float]:
       (Megatron-LM `_allreduce_embedding_grads`, Shoeybi et al. 2019 Sec. 3; Narayanan et al. 2021
       Sec. 2.2): vocab / tp x hidden gradient elements over a group of two ranks, one per stage.
     - `step_sync`: the scalar all-reduces of STEP_SCALARS (norm, loss, found-inf)."""
+    ctx, topo = env.ctx, env.topo
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     out = {"embedding_sync": 0.0, "step_sync": 0.0}
-    if p.pipeline > 1 and ctx.profile is None and d is not None and d.tie_embeddings:
-        nbytes = d.vocab / p.tensor * d.hidden * grad_bytes(t.precision)
+    if p.pipeline > 1 and d is not None and d.tie_embeddings:      # a module model has no dims
+        nbytes = embedding_parameters(d)[0] / p.tensor * grad_bytes(t.precision)   # word table
         same_node = ctx.placement.gpus <= ctx.placement.gpus_per_node
         out["embedding_sync"] = collective("allreduce", "ring", nbytes,
                                            Group(2, 2 if same_node else 1), topo)

@@ -23,12 +23,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from partita.planner import inventory
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 from partita.planner.stages import chunk_ranges
 from partita.simulator.calibration import Calibration
 from partita.simulator.compute import element_bytes
+from partita.simulator.frameworks import framework_profile
 
 KEYS = ("parameters", "gradients", "optimizer", "activations", "other")
 OPTIMIZER_STATE_BYTES = {"adam": 8.0, "sgd": 4.0}     # Adam: two fp32 moments; SGD: fp32 momentum
@@ -60,56 +62,37 @@ class MemoryEstimate:
 
 # ---- parameter counts ----
 
-def _attention_params(dims: TransformerDims, biases: bool) -> int:
-    h, hq, hkv = dims.hidden, dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    weights = h * (hq + 2 * hkv) + hq * h
-    return weights + ((hq + 2 * hkv + h) if biases else 0)
-
-
 def block_parameters(dims: TransformerDims, *, decoder: bool = False) -> int:
-    """Parameters of one transformer block (a t5 decoder block with decoder=True)."""
-    h, f = dims.hidden, dims.ffn_hidden
-    if dims.arch == "llama":                        # RMSNorm x2, no biases, SwiGLU (gate, up, down)
-        return _attention_params(dims, False) + 3 * h * f + 2 * h
-    if dims.arch == "t5":                           # RMS-style norms, no biases, ReLU MLP
-        sub = 3 if decoder else 2
-        return _attention_params(dims, False) * (2 if decoder else 1) + 2 * h * f + sub * h
-    # gpt and bert: LayerNorm (weight + bias) x2, biases everywhere, GELU MLP
-    return _attention_params(dims, True) + 2 * h * f + f + h + 2 * 2 * h
+    """Parameters of one repeated transformer block (a t5 decoder block with decoder=True)."""
+    return inventory.block(dims, kind=inventory.block_kind(dims, decoder)).params
 
 
 def block_parameter_tensors(dims: TransformerDims, *, decoder: bool = False) -> tuple[int, ...]:
     """Sizes of one block's parameter tensors (they add up to `block_parameters`), as a framework
     that gathers tensor by tensor sees them (DeepSpeed ZeRO-3 hooks; Hugging Face layouts)."""
-    h, f = dims.hidden, dims.ffn_hidden
-    hq, hkv = dims.heads * dims.head_dim, dims.kv_heads * dims.head_dim
-    if dims.arch == "llama":                        # q, k, v, o; gate, up, down; two RMSNorms
-        return (h * hq, h * hkv, h * hkv, hq * h, h * f, h * f, f * h, h, h)
-    if dims.arch == "t5":                           # q, k, v, o (x2 in a decoder); wi, wo; norms
-        attention = (h * hq, h * hkv, h * hkv, hq * h) * (2 if decoder else 1)
-        return attention + (h * f, f * h) + (h,) * (3 if decoder else 2)
-    qkv = hq + 2 * hkv                              # qkv, proj, fc1, fc2 (weight, bias); 2 LNs
-    return (h * qkv, qkv, hq * h, h, h * f, f, f * h, h, h, h, h, h)
+    return tuple(t.numel for t in inventory.block(dims, kind=inventory.block_kind(dims, decoder)).tensors)
+
+
+def _split(layer: inventory.Layer) -> tuple[int, int]:
+    """(vocab-parallel tables, replicated tensors) of a layer."""
+    return layer.vocab_params, layer.params - layer.vocab_params
 
 
 def embedding_parameters(dims: TransformerDims) -> tuple[int, int]:
     """(vocab-parallel word table, replicated position / token-type tables and norms)."""
-    h = dims.hidden
-    word = dims.vocab * h
-    if dims.arch == "gpt":
-        return word, dims.max_positions * h
-    if dims.arch == "bert":
-        return word, (dims.max_positions + dims.type_vocab) * h + 2 * h
-    return word, 0
+    return _split(inventory.layers(dims)[0])
 
 
 def head_parameters(dims: TransformerDims) -> tuple[int, int]:
-    """(vocab-parallel output table if untied, replicated final norm / BERT MLM transform)."""
-    h = dims.hidden
-    table = 0 if dims.tie_embeddings else dims.vocab * h
-    extra = {"gpt": 2 * h, "llama": h, "t5": 2 * h,
-             "bert": h * h + h + 2 * h + dims.vocab}.get(dims.arch, 0)
-    return table, extra
+    """(vocab-parallel output table if untied, replicated final norms / BERT MLM transform).
+
+    The blocks are counted as repeated blocks (`block_parameters`), so the stack-level tensors of
+    the inventory are placed here: a t5 encoder's final norm counts with the head. T5's relative
+    position bias (32 x heads per stack, under 1e-6 of any T5 model) is not counted in memory."""
+    table, extra = _split(inventory.layers(dims)[-1])
+    norms = sum(t.numel for layer in inventory.layers(dims) for t in layer.tensors
+                if t.stack and t.name.endswith("final_norm.weight"))
+    return table, extra + norms
 
 
 def chunk_blocks(dims: TransformerDims, first_layer: int, end_layer: int) -> tuple[int, int]:
@@ -149,7 +132,9 @@ def bytes_per_parameter(precision: str, optimizer: str, zero: int, shard: int,
                         framework: str = "megatron") -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes per parameter on one GPU.
 
-    DeepSpeed's bf16 training without ZeRO-2/3 runs its BF16_Optimizer (deepspeed/runtime/
+    A framework whose profile has `bf16_fp32_gradient_copy` (simulator.frameworks) keeps an fp32
+    copy of every gradient in bf16 training below ZeRO-2: DeepSpeed's bf16 training without
+    ZeRO-2/3 runs its BF16_Optimizer (deepspeed/runtime/
     bf16_optimizer.py), which keeps the bf16 `.grad` and accumulates into a full fp32 copy of every
     gradient (`fp32_groups_gradients`, not sharded): 2 + 4 bytes. BigScience's BLOOM log measured
     it: "additional memory usage is 4bytes x params and it's not sharded across gpus"
@@ -162,7 +147,7 @@ def bytes_per_parameter(precision: str, optimizer: str, zero: int, shard: int,
     wide = precision in ("fp32", "tf32")
     weights = 4.0 if wide else 2.0
     grads = float(grad_bytes(precision)) if (wide or zero < 2) else 2.0   # ZeRO-2/3: 16-bit
-    if framework == "deepspeed" and precision == "bf16" and zero < 2:
+    if precision == "bf16" and zero < 2 and framework_profile(framework).bf16_fp32_gradient_copy:
         grads = 2.0 + 4.0                                   # BF16_Optimizer: bf16 + fp32 copy
     states = OPTIMIZER_STATE_BYTES[optimizer] + (0.0 if wide else 4.0)   # + fp32 master copy
     return (weights / shard if zero >= 3 else weights, grads / shard if zero >= 2 else grads,
@@ -274,6 +259,18 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     reserve = cal.memory.reserve_bytes(allocated, framework)
     details["framework_reserve"] = reserve
     return MemoryEstimate(params * w, params * g, params * o, activations, other + reserve, details)
+
+
+def chunk_parameters(dims: TransformerDims, parallel: ParallelSpec) -> list[float]:
+    """Parameters of each model chunk on one TP rank (embedding with chunk 0, head with the last)."""
+    ranges = chunk_ranges(dims.total_layers, parallel)
+    out = []
+    for i, (a, b) in enumerate(ranges):
+        enc, dec = chunk_blocks(dims, a, b)
+        out.append(held_parameters(dims, tp=parallel.tensor, blocks=enc, decoder_blocks=dec,
+                                   first=i == 0, last=i == len(ranges) - 1,
+                                   pipelined=len(ranges) > 1))
+    return out
 
 
 def _stage_blocks(dims: TransformerDims, parallel: ParallelSpec) -> list[tuple[int, int]]:

@@ -7,9 +7,9 @@ plus its saved and passed activation bytes moved at memory bandwidth; the backwa
 forward's matmul work (Narayanan et al. 2021, Sec. 3.4) and twice its memory traffic. Tensor,
 context and sequence parallelism and ZeRO-3 need a transformer model and are refused.
 
-This module only reads profiles: the record is planner/profile.py's `ModelProfile`, made by
+This is one of the two implementations of `simulator.modelcosts.ModelCosts`. It only reads profiles: the record is planner/profile.py's `ModelProfile`, made by
 planner/profiler.py (`load_profile` below calls it). A transformer scenario is costed by
-simulator/compute.py and stagecosts.py instead.
+simulator/compute.py and stagecosts.py instead (simulator/modelcosts.py chooses).
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from partita.planner.errors import PartitaError
 from partita.planner.profile import ModelProfile
 from partita.planner.scenario import check_stages
 from partita.planner.stages import chunk_ranges
+from partita.simulator.chunkcost import ChunkCost
 from partita.simulator.memory import MemoryEstimate, bytes_per_parameter
 
 ELEMENTWISE_PASSES = 2.0        # the saved activations are written once and read once
@@ -50,7 +51,8 @@ def check(scenario, profile: ModelProfile) -> None:
             f"{where}{msg} (the module's profiled layers: {', '.join(l.name for l in profile.layers)})"))
 
 
-def _layer_times(layer, ctx, cal, oh) -> tuple[float, float, float]:
+def _layer_times(layer, env) -> tuple[float, float, float]:
+    ctx, cal, oh = env.ctx, env.cal, env.oh
     gpu, precision = ctx.system.gpu, ctx.training.precision
     g = cal.gpu(gpu.name)
     peak = gpu.peak(precision)
@@ -64,14 +66,15 @@ def _layer_times(layer, ctx, cal, oh) -> tuple[float, float, float]:
     return fwd, 2.0 * matmul + 2.0 * memory, matmul      # forward, backward, weight-gradient part
 
 
-def chunk_costs(ctx, cal, oh) -> list:
-    from partita.simulator.stagecosts import ChunkCost
+def chunk_costs(env) -> list[ChunkCost]:
+    """Per model chunk, seconds per micro-batch (env: a simulator.stepenv.StepEnv)."""
+    ctx = env.ctx
     layers = ctx.profile.layers
     out = []
     for a, b in chunk_ranges(len(layers), ctx.parallel):
         f = bw = w = 0.0
         for layer in layers[a:b]:
-            lf, lb, lw = _layer_times(layer, ctx, cal, oh)
+            lf, lb, lw = _layer_times(layer, env)
             f, bw, w = f + lf, bw + lb, w + lw
         recompute = f if ctx.training.recompute == "full" else 0.0
         parts = {"compute": f + bw}
@@ -92,7 +95,8 @@ def chunk_parameters(ctx) -> list[float]:
             for a, b in chunk_ranges(len(layers), ctx.parallel)]
 
 
-def pipeline_memory(ctx, cal, inflight) -> tuple[MemoryEstimate, ...]:
+def pipeline_memory(env, inflight) -> tuple[MemoryEstimate, ...]:
+    ctx, cal = env.ctx, env.cal
     p, t = ctx.parallel, ctx.training
     layers = ctx.profile.layers
     ranges = chunk_ranges(len(layers), p)

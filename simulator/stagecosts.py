@@ -15,32 +15,22 @@ The result keeps the parts apart so the step summary can say where the time went
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from partita.planner.stages import chunk_ranges
+from partita.simulator.chunkcost import ChunkCost
 from partita.simulator.compute import (LayerTimes, element_bytes, elementwise_time, embedding_times,
                                head_times, layer_times)
 from partita.simulator.context import StepContext
-from partita.simulator.host import BACKWARD_KERNELS_PER_FORWARD, HostCosts, forward_kernels
-from partita.simulator.memory import block_parameter_tensors, block_parameters, chunk_blocks
-from partita.simulator.network import Group, Topology, collective, cp_ring_time, p2p
+from partita.simulator.host import BACKWARD_KERNELS_PER_FORWARD, forward_kernels
+from partita.simulator.memory import (block_parameter_tensors, block_parameters, chunk_blocks,
+                                      embedding_parameters)
+from partita.simulator.network import Group, collective, cp_ring_time, p2p
 from partita.simulator.overheads import Overheads
+from partita.simulator.stepenv import StepEnv
 
 FSDP_GRAD_BYTES = 2      # ZeRO-3/FSDP reduce-scatter in the 16-bit compute dtype (DeepSpeed, FSDP2)
-# DeepSpeed ZeRO-3 keeps parameters below this many elements whole on every rank, gathered once
-# after the optimizer step (stage3_param_persistence_threshold, default 100000 since ZeRO-3's
-# release: stage3.py `param_persistence_threshold=100000`): biases and norms are not re-gathered.
-DEEPSPEED_PERSISTENCE_THRESHOLD = 100_000
-
-
-@dataclass(frozen=True)
-class ChunkCost:
-    """Seconds per micro-batch for one model chunk, and what they are made of."""
-    forward_s: float
-    backward_s: float          # includes recompute
-    backward_weight_s: float
-    parts: dict[str, float] = field(default_factory=dict, hash=False)   # per micro-batch, fwd+bwd
 
 
 @dataclass(frozen=True)
@@ -75,8 +65,8 @@ def sustained(lt: LayerTimes, oh: Overheads, family: str | None, precision: str,
                       lt.bwd_input_s + extra_i, lt.bwd_weight_s + extra_w, recompute, lt.parts)
 
 
-def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder: bool,
-               host: HostCosts = HostCosts()) -> BlockCost:
+def block_cost(env: StepEnv, *, decoder: bool) -> BlockCost:
+    ctx, topo, cal, oh = env.ctx, env.topo, env.cal, env.oh
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     gpu = ctx.system.gpu
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
@@ -120,17 +110,17 @@ def block_cost(ctx: StepContext, topo: Topology, cal, oh: Overheads, *, decoder:
         fwd, bwd = fwd + cf, bwd + cb
 
     if p.zero >= 3 and p.data * p.context > 1:
-        fwd, bwd, bwd_w = _fsdp(ctx, topo, oh, decoder, fwd, bwd, bwd_w, parts,
+        fwd, bwd, bwd_w = _fsdp(env, decoder, fwd, bwd, bwd_w, parts,
                                 copy_s=lambda nbytes: elementwise_time(2 * nbytes, gpu, cal))
-    fwd, bwd, bwd_w = _host(ctx, host, decoder, fwd, bwd, bwd_w, parts)
+    fwd, bwd, bwd_w = _host(env, decoder, fwd, bwd, bwd_w, parts)
     return BlockCost(fwd, bwd, bwd_w, parts)
 
 
-def _host(ctx: StepContext, host: HostCosts, decoder: bool, fwd: float, bwd: float, bwd_w: float,
+def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
           parts: dict[str, float]) -> tuple[float, float, float]:
     """A block pass's host time (dispatch and launch per kernel, `simulator.host`) where it is
     exposed: beyond the device time, or all of it when launches block."""
-    t, p = ctx.training, ctx.parallel
+    t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention)
     recomputed = kf if t.recompute == "full" else 0          # a forward again, recording autograd
     hf = host.exposed(fwd, kf, t.launch_blocking)
@@ -141,7 +131,7 @@ def _host(ctx: StepContext, host: HostCosts, decoder: bool, fwd: float, bwd: flo
     return fwd + hf, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
 
 
-def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: float, bwd: float,
+def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
           bwd_w: float, parts: dict[str, float], *,
           copy_s: Callable[[float], float] = lambda nbytes: 0.0) -> tuple[float, float, float]:
     """ZeRO-3: per-block parameter all-gathers and gradient reduce-scatter (Rajbhandari et al. 2020,
@@ -151,18 +141,21 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     kernels and add to them
     (DeepSpeed 0.3.x: every parameter all-gather synchronised the device, DeepSpeed PR #1188).
 
-    DeepSpeed gathers tensor by tensor (its hooks fetch each submodule's parameters; one collective
-    per parameter tensor, each paying the collective's latency; tensors under
-    DEEPSPEED_PERSISTENCE_THRESHOLD elements stay whole and are not gathered), FSDP one flat
-    parameter per block.
-    Under full recompute DeepSpeed gathers a block's parameters a third time: its hooks release them
-    after every submodule forward, and the recomputed forward runs those hooks again (FSDP gathers
-    once for the recompute and the backward: its pre-backward hook unshards the whole unit). The
-    framework's collectives run at `zero3_collective_fraction` of the modelled bandwidth.
-    DeepSpeed without prefetching is DeepSpeed 0.3 (see above): it also reduce-scattered tensor by
-    tensor, and each of its gathers and scatters built a list of per-rank tensors, which costs
-    `Overheads.list_collective` per call: per rank, host work and a copy of that rank's share
-    (`copy_s(bytes)`: read and write, at least the GPU's shortest kernel)."""
+    What differs between frameworks is the framework profile's (simulator.frameworks,
+    data/frameworks.yaml, with sources): `zero3_gather` `per_tensor` gathers tensor by tensor (one
+    collective per parameter tensor of the inventory, each paying the collective's latency, as
+    DeepSpeed's hooks fetch each submodule's parameters), `flat` one flat parameter per block (FSDP);
+    tensors under `zero3_persistence_threshold_params` elements stay whole and are not gathered.
+    `zero3_regather_on_recompute`: under full recompute a block's parameters are gathered a third
+    time (DeepSpeed's hooks release them after every submodule forward, and the recomputed forward
+    runs those hooks again; FSDP's pre-backward hook unshards the whole unit once).
+    `zero3_list_collectives_without_prefetch`: without prefetching (DeepSpeed 0.3, see above) the
+    gradients are also reduce-scattered tensor by tensor, and each gather and scatter builds a list
+    of per-rank tensors, which costs `Overheads.list_collective` per call: per rank, host work and a
+    copy of that rank's share (`copy_s(bytes)`: read and write, at least the GPU's shortest kernel).
+    The framework's collectives run at its fitted `zero3_collective_fraction` of the modelled
+    bandwidth."""
+    ctx, topo, oh = env.ctx, env.topo, env.oh
     p, t = ctx.parallel, ctx.training
     params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
     shape = ctx.placement.dp_group()
@@ -170,12 +163,12 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
                   concurrent=shape.per_node * shape.sharing)
     e = element_bytes(t.precision)
     slow = 1.0 / oh.zero3_collectives(t.framework)
-    deepspeed = t.framework == "deepspeed"
+    fw = env.framework
     tensors = (tuple(n / p.tensor for n in block_parameter_tensors(ctx.dims, decoder=decoder))
-               if deepspeed else (params,))
-    gathered = tuple(n for n in tensors if not deepspeed or n >= DEEPSPEED_PERSISTENCE_THRESHOLD)
+               if fw.zero3_gather == "per_tensor" else (params,))
+    gathered = tuple(n for n in tensors if n >= fw.zero3_persistence_threshold_params)
     ag = sum(collective("all_gather", "auto", n * e, group, topo) for n in gathered) * slow
-    if deepspeed and not p.overlap_param_gather:        # DeepSpeed 0.3: per tensor, from lists
+    if fw.zero3_list_collectives_without_prefetch and not p.overlap_param_gather:
         rs = sum(collective("reduce_scatter", "auto", n * FSDP_GRAD_BYTES, group, topo)
                  for n in tensors) * slow
         n = group.ranks
@@ -184,7 +177,7 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
                   for t in tensors)
     else:
         rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
-    regather = ag if (deepspeed and t.recompute == "full") else 0.0
+    regather = ag if (fw.zero3_regather_on_recompute and t.recompute == "full") else 0.0
     if p.overlap_param_gather:
         new_f, new_b = oh.overlapped(fwd, ag), oh.overlapped(bwd, ag + regather + rs)
     else:
@@ -193,14 +186,12 @@ def _fsdp(ctx: StepContext, topo: Topology, oh: Overheads, decoder: bool, fwd: f
     return new_f, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
 
 
-def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads,
-                host: HostCosts = HostCosts()) -> list[ChunkCost]:
-    if ctx.profile is not None:
-        from partita.simulator import profiled
-        return profiled.chunk_costs(ctx, cal, oh)
+def chunk_costs(env: StepEnv) -> list[ChunkCost]:
+    """Per model chunk, seconds per micro-batch of a transformer scenario."""
+    ctx, cal, oh = env.ctx, env.cal, env.oh
     d, p, t = ctx.dims, ctx.parallel, ctx.training
-    enc = block_cost(ctx, topo, cal, oh, decoder=False, host=host)
-    dec = block_cost(ctx, topo, cal, oh, decoder=True, host=host) if d.arch == "t5" else None
+    enc = block_cost(env, decoder=False)
+    dec = block_cost(env, decoder=True) if d.arch == "t5" else None
     gpu = ctx.system.gpu
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
@@ -222,7 +213,7 @@ def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads,
             if present:
                 f, bw, w = f + extra.fwd_s, bw + extra.bwd_s, w + extra.bwd_weight_s
                 parts["compute"] = parts.get("compute", 0.0) + extra.fwd_s + extra.bwd_s
-        hp = _hp_grad_update(ctx, cal, n_enc, n_dec, i == 0 or i == len(ranges) - 1)
+        hp = _hp_grad_update(env, n_enc, n_dec, i == 0 or i == len(ranges) - 1)
         if hp:
             bw, w = bw + hp, w + hp
             _add(parts, "hp_grad_update", hp)
@@ -238,18 +229,21 @@ def chunk_costs(ctx: StepContext, topo: Topology, cal, oh: Overheads,
 HP_GRAD_KERNEL_BYTES = (6.0, 12.0)
 
 
-def _hp_grad_update(ctx: StepContext, cal, n_enc: int, n_dec: int, has_table: bool) -> float:
-    """Seconds per micro-batch of DeepSpeed's bf16 gradient accumulation into fp32 on one chunk:
-    DeepSpeed's pipeline engine (pipeline > 1) under bf16 with ZeRO 0 or 1 (the BF16_Optimizer;
-    ZeRO 2 and 3 accumulate in their own partitioned buffers)."""
+def _hp_grad_update(env: StepEnv, n_enc: int, n_dec: int, has_table: bool) -> float:
+    """Seconds per micro-batch of a bf16 gradient accumulation into fp32 on one chunk, for a
+    framework whose profile has `bf16_microbatch_gradient_accumulation` (DeepSpeed's pipeline
+    engine, pipeline > 1) under bf16 with ZeRO 0 or 1 (the BF16_Optimizer; ZeRO 2 and 3 accumulate
+    in their own partitioned buffers)."""
+    ctx, cal = env.ctx, env.cal
     p, t, d = ctx.parallel, ctx.training, ctx.dims
-    if t.framework != "deepspeed" or t.precision != "bf16" or p.pipeline < 2 or p.zero > 1:
+    if (not env.framework.bf16_microbatch_gradient_accumulation or t.precision != "bf16"
+            or p.pipeline < 2 or p.zero > 1):
         return 0.0
     tensors = [n / p.tensor for n in block_parameter_tensors(d)] * n_enc
     if n_dec:
         tensors += [n / p.tensor for n in block_parameter_tensors(d, decoder=True)] * n_dec
     if has_table:
-        tensors.append(d.vocab * d.hidden / p.tensor)
+        tensors.append(embedding_parameters(d)[0] / p.tensor)      # the word table
     gpu = ctx.system.gpu
     return sum(elementwise_time(n * b, gpu, cal) for n in tensors for b in HP_GRAD_KERNEL_BYTES)
 
@@ -258,9 +252,6 @@ def boundary_bytes(ctx: StepContext, chunk: int) -> float:
     """Bytes of the activation passed from chunk `chunk` to the next (the gradient is the same
     size). Megatron splits it over the TP ranks (scatter-gather; Narayanan et al. 2021, Sec. 4.1);
     a t5 decoder chunk also carries the encoder output."""
-    if ctx.profile is not None:
-        from partita.simulator import profiled
-        return profiled.boundary_bytes(ctx, chunk)
     d, p, t = ctx.dims, ctx.parallel, ctx.training
     e = element_bytes(t.precision)
     nbytes = e * t.micro_batch * d.seq_len / p.context * d.hidden / p.tensor
@@ -271,8 +262,10 @@ def boundary_bytes(ctx: StepContext, chunk: int) -> float:
     return nbytes
 
 
-def p2p_costs(ctx: StepContext, topo: Topology) -> tuple[list[float], list[float], list[bool]]:
-    """Per chunk boundary: activation and gradient transfer seconds, and same-node flags."""
+def p2p_costs(env: StepEnv, crossing: Sequence[float]) -> tuple[list[float], list[float], list[bool]]:
+    """Per chunk boundary (`crossing`: the bytes that cross it, `ModelCosts.boundary_bytes`):
+    activation and gradient transfer seconds, and same-node flags."""
+    ctx, topo = env.ctx, env.topo
     p = ctx.parallel
     chunks = p.pipeline * p.virtual_stages
     same_rank_node = ctx.placement.pp_neighbours_same_node()
@@ -282,7 +275,7 @@ def p2p_costs(ctx: StepContext, topo: Topology) -> tuple[list[float], list[float
         r = c % p.pipeline
         same_node = same_rank_node[r] if r < p.pipeline - 1 else (
             ctx.placement.gpus <= ctx.placement.gpus_per_node)
-        nbytes = boundary_bytes(ctx, c)
+        nbytes = crossing[c]
         secs = p2p(nbytes, same_node, topo, concurrent=sharing)
         act.append(secs)
         grad.append(secs)

@@ -3,8 +3,10 @@
 The step is composed from the parts, each its own module:
 1. `context.resolve`: the system (what-ifs applied), GPU count, model shape, placement; the
    scenario's consistency rules.
-2. `stagecosts`: per model chunk, seconds per micro-batch of forward and backward including the
-   collectives inside layers (TP, CP, ZeRO-3); per chunk boundary, the p2p transfer seconds.
+2. `modelcosts.model_costs`: the model's costs (analytic `stagecosts`, or `profiled` for a torch
+   module): per model chunk, seconds per micro-batch of forward and backward including the
+   collectives inside layers (TP, CP, ZeRO-3); per chunk boundary, the p2p transfer seconds. The
+   inputs they are costed on travel as one `stepenv.StepEnv`.
 3. `pipeline.simulate_pipeline`: the schedule (planner.schedule, one action list per rank) run on
    the event core, giving each rank's finish time, its busy time and each chunk's last backward.
 4. `dataparallel`: the gradient reduction (ring / tree / hierarchical / parameter server; ZeRO-1/2
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from partita.planner.costmodel import model_flops_per_step
 from partita.planner.schedule import build
 from partita.planner.stages import chunk_ranges
 from partita.simulator.calibration import load_calibration
@@ -27,12 +28,13 @@ from partita.simulator.context import StepContext, resolve
 from partita.simulator.dataparallel import dp_finish_times, optimizer_time, step_sync_time
 from partita.simulator.host import HostCosts, load_host_costs
 from partita.simulator.interval import scenario_regime, step_time_interval
-from partita.simulator.memory import pipeline_memory
+from partita.simulator.modelcosts import ModelCosts, model_costs
 from partita.simulator.network import build_topology
 from partita.simulator.overheads import Overheads, load_overheads
 from partita.simulator.pipeline import CompiledSchedule, PipelineCosts, compile_schedule, simulate_pipeline
 from partita.simulator.result import SimResult, Span
-from partita.simulator.stagecosts import chunk_costs, p2p_costs
+from partita.simulator.stagecosts import p2p_costs
+from partita.simulator.stepenv import StepEnv
 
 PART_ORDER = ("compute", "recompute", "tp_comm", "cp_comm", "fsdp_comm")
 
@@ -50,13 +52,14 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
         oh = load_overheads()
     # On `local`, `partita calibrate` measured the host's dispatch per op (none measured: none).
     host = HostCosts(op_dispatch_s=cal.local_op_dispatch_s or 0.0) if local else load_host_costs()
-    topo = build_topology(ctx.system, cal)
-    chunks = chunk_costs(ctx, topo, cal, oh, host)
-    act, grad, same = p2p_costs(ctx, topo)
+    env = StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal, oh=oh, host=host)
+    model = model_costs(ctx)
+    chunks = model.chunk_costs(env)
+    act, grad, same = p2p_costs(env, model.boundary_bytes(ctx))
     p = ctx.parallel
     costs = PipelineCosts(tuple(c.forward_s for c in chunks), tuple(c.backward_s for c in chunks),
                           tuple(c.backward_weight_s for c in chunks), tuple(act), tuple(grad),
-                          tuple(same), blocking_sends=ctx.training.framework == "deepspeed")
+                          tuple(same), blocking_sends=env.framework.blocking_sends)
     schedule = compiled_schedule(p.schedule, p.pipeline, ctx.microbatches, p.virtual_stages)
     timeline = simulate_pipeline(schedule, costs, trace=trace)
     # The fill and the drain each cross every chunk boundary once on the critical path
@@ -64,19 +67,14 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     critical_p2p = sum(act) + sum(grad)
 
     rank_compute_end = _rank_ends(timeline, p.pipeline)
-    dp_end, dp_spans = dp_finish_times(ctx, topo, cal, timeline, costs, rank_compute_end,
-                                       oh.contention, trace=trace)
-    opt_s = optimizer_time(ctx, cal)
-    sync = step_sync_time(ctx, topo)
+    params = model.chunk_parameters(ctx)
+    dp_end, dp_spans = dp_finish_times(env, timeline, costs, rank_compute_end, params, trace=trace)
+    opt_s = optimizer_time(env, params)
+    sync = step_sync_time(env)
     critical = max(range(p.pipeline), key=lambda r: (dp_end[r], -r))
     step = dp_end[critical] + sum(sync.values()) + opt_s + oh.step_overhead_s
     inflight = [float(x) / max(1, p.virtual_stages) for x in _inflight(timeline, p)]
-    if ctx.profile is not None:
-        from partita.simulator import profiled
-        mem = profiled.pipeline_memory(ctx, cal, inflight)
-    else:
-        mem = pipeline_memory(ctx.dims, ctx.training, p, cal, microbatches=ctx.microbatches,
-                              inflight=inflight, flash_attention=ctx.training.attention == "flash")
+    mem = model.pipeline_memory(env, inflight)
     peak_rank = max(range(len(mem)), key=lambda r: (_total(mem[r]), -r))
     breakdown = _breakdown(ctx, chunks, timeline, critical, rank_compute_end, dp_end, opt_s,
                            critical_p2p)
@@ -84,8 +82,9 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     if oh.step_overhead_s:
         breakdown["step_overhead"] = oh.step_overhead_s
     spans = _spans(timeline, dp_spans, opt_s, dp_end, p.pipeline) if trace else ()
-    result = _result(ctx, cal, step, timeline, breakdown, mem[peak_rank], spans, peak_rank)
-    result.details.update(stage_details(ctx, mem))
+    result = _result(ctx, cal, model.model_flops_per_step(ctx), step, timeline, breakdown,
+                     mem[peak_rank], spans, peak_rank)
+    result.details.update(stage_details(ctx, mem, model))
     result.details["chunk_parts_s"] = [dict(c.parts) for c in chunks]   # per micro-batch, fwd+bwd
     return result
 
@@ -138,12 +137,11 @@ def _spans(timeline, dp_spans, opt_s: float, dp_end, pipeline: int) -> tuple[Spa
     return tuple(spans)
 
 
-def stage_details(ctx: StepContext, mem) -> dict:
+def stage_details(ctx: StepContext, mem, model: ModelCosts) -> dict:
     """Per pipeline rank: the [start, stop) block ranges of its chunks and its memory by kind
     (`buffers`: logits, ZeRO-3 gathered layers; `reserve`: the allocator's and framework's share)."""
     p = ctx.parallel
-    blocks = ctx.dims.total_layers if ctx.dims is not None else len(ctx.profile.layers)
-    ranges = chunk_ranges(blocks, p)
+    ranges = chunk_ranges(model.layer_count(ctx), p)
     layers = [[list(ranges[c]) for c in range(r, len(ranges), p.pipeline)] for r in range(p.pipeline)]
     memory = []
     for m in mem:
@@ -154,16 +152,11 @@ def stage_details(ctx: StepContext, mem) -> dict:
     return {"stage_layers": layers, "stage_memory_bytes": memory}
 
 
-def _result(ctx: StepContext, cal, step: float, timeline, breakdown, mem, spans,
+def _result(ctx: StepContext, cal, model_flops: float, step: float, timeline, breakdown, mem, spans,
             peak_rank) -> SimResult:
     t = ctx.training
     gpu = ctx.system.gpu
     tokens = t.global_batch * ctx.seq_len
-    if ctx.profile is not None:
-        from partita.simulator import profiled
-        model_flops = profiled.model_flops_per_step(ctx)
-    else:
-        model_flops = model_flops_per_step(ctx.dims, t.global_batch)
     per_gpu = model_flops / step / ctx.gpus
     price = ctx.system.price.best_usd_per_hour
     nodes = -(-ctx.gpus // ctx.system.gpus_per_node)

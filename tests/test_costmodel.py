@@ -146,18 +146,17 @@ def test_block_gemms():
     d = preset_dims("llama2-70b")
     gemms = block_gemms(d, 2)
     names = [g.name for g in gemms]
-    assert names == ["attn.q_proj", "attn.k_proj", "attn.v_proj", "attn.scores", "attn.context",
-                     "attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
-    assert gemms[1] == ("attn.k_proj", 2 * 4096, 8 * 128, 8192)
+    assert names == ["qkv", "attn_out", "mlp_up", "mlp_down", "attn.scores", "attn.context"]
+    assert gemms[0] == ("qkv", 2 * 4096, (64 + 2 * 8) * 128, 8192)       # fused, 8 k/v heads
     p = analytic_profile(d, micro_batch=2, precision="bf16")
     assert sum(g.flops for g in gemms) == p.layers[1].fwd_flops
     tp8 = block_gemms(d, 2, tensor=8)
     assert sum(g.flops for g in tp8) * 8 == p.layers[1].fwd_flops
-    assert tp8[1].n == 128                                    # one k/v head per rank
-    cp2 = block_gemms(d, 2, tokens=d.seq_len // 2)
-    assert cp2[3] == ("attn.scores", 2 * 64 * 2048, 4096, 128)     # local queries, all keys
+    assert tp8[0].n == (8 + 2 * 1) * 128                      # one k/v head per rank
+    cp2 = block_gemms(d, 2, context=2)
+    assert cp2[4] == ("attn.scores", 2 * 64 * 2048, 4096, 128)     # local queries, all keys
     t5 = preset_dims("t5-small")
-    assert len(block_gemms(t5, 1, kind="decoder")) == 2 * 6 + 2
+    assert len(block_gemms(t5, 1, kind="decoder")) == 7 + 4
     assert sum(g.flops for g in head_gemms(preset_dims("bert-base"), 1)) == \
         analytic_profile(preset_dims("bert-base"), micro_batch=1, precision="fp32").layers[-1].fwd_flops
 

@@ -214,6 +214,7 @@ def test_framework_block_overhead_is_paid_on_every_block_pass_of_that_framework_
     from partita.simulator.network import build_topology
     from partita.simulator.overheads import Overheads
     from partita.simulator.stagecosts import chunk_costs
+    from partita.simulator.stepenv import StepEnv
     from partita.planner.stages import chunk_ranges
     catalog, cal, c = load_catalog(), load_calibration(), 1e-3
     paying = Overheads(framework_block_overhead_s={"deepspeed": c})
@@ -222,8 +223,8 @@ def test_framework_block_overhead_is_paid_on_every_block_pass_of_that_framework_
         doc["training"].update(framework=framework, recompute="full")
         ctx = resolve(parse_scenario(doc), catalog)
         topo = build_topology(ctx.system, cal)
-        base = chunk_costs(ctx, topo, cal, Overheads())
-        paid = chunk_costs(ctx, topo, cal, paying)
+        base = chunk_costs(StepEnv(ctx=ctx, topo=topo, cal=cal, oh=Overheads()))
+        paid = chunk_costs(StepEnv(ctx=ctx, topo=topo, cal=cal, oh=paying))
         for (a, b), x, y in zip(chunk_ranges(ctx.dims.total_layers, ctx.parallel), base, paid):
             blocks = chunk_blocks(ctx.dims, a, b)[0]
             assert blocks > 0
@@ -315,13 +316,17 @@ def test_list_collectives_grow_with_ranks_only_for_deepspeed_without_prefetch():
 def test_deepspeed_does_not_gather_tensors_under_the_persistence_threshold(monkeypatch):
     """stage3_param_persistence_threshold (100,000 elements): biases and norms stay whole, so only
     the weight matrices are gathered per block; gathering everything costs more latency."""
-    from partita.simulator import stagecosts
+    from dataclasses import replace
+    from partita.simulator import stepenv
+    from partita.simulator.frameworks import framework_profile
     from partita.simulator.overheads import Overheads
     catalog = load_catalog()
     doc = _framework_doc("deepspeed")
     doc["parallel"]["overlap_param_gather"] = False
     kept = simulate(parse_scenario(doc), catalog, overheads=Overheads()).breakdown_s["fsdp_comm"]
-    monkeypatch.setattr(stagecosts, "DEEPSPEED_PERSISTENCE_THRESHOLD", 0)
+    assert framework_profile("deepspeed").zero3_persistence_threshold_params == 100_000
+    every_tensor = replace(framework_profile("deepspeed"), zero3_persistence_threshold_params=0)
+    monkeypatch.setattr(stepenv, "framework_profile", lambda name: every_tensor)
     every = simulate(parse_scenario(doc), catalog, overheads=Overheads()).breakdown_s["fsdp_comm"]
     assert every > kept
 
@@ -375,9 +380,11 @@ def _chunks(doc, host):
     from partita.simulator.network import build_topology
     from partita.simulator.overheads import Overheads
     from partita.simulator.stagecosts import chunk_costs
+    from partita.simulator.stepenv import StepEnv
     cal = load_calibration()
     ctx = resolve(parse_scenario(doc), load_catalog())
-    return chunk_costs(ctx, build_topology(ctx.system, cal), cal, Overheads(), host)
+    return chunk_costs(StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal,
+                               oh=Overheads(), host=host))
 
 
 def test_host_exposed_only_where_the_host_is_slower_than_the_gpu():
