@@ -11,7 +11,8 @@ import yaml
 
 from partita.executor.launch import Job, Rendezvous, launch, torchrun_command
 from partita.cli import build_parser, main
-from partita.commands.run import placement
+from partita.commands.run import request
+from partita.executor.preflight import placement
 from partita.planner.errors import PartitaError
 from partita.planner.paths import SCENARIOS_DIR
 
@@ -108,7 +109,7 @@ def test_outputs_are_checked_before_training(capsys, tmp_path):
 
 
 def test_a_model_larger_than_this_machine_is_refused_before_launch(capsys, tmp_path, monkeypatch):
-    monkeypatch.setattr("partita.commands.run._available_bytes", lambda: 2**30)
+    monkeypatch.setattr("partita.executor.preflight.available_bytes", lambda: 2**30)
     path = scenario_file(tmp_path, model__hidden=2048, model__heads=16)
     line = refused(capsys, tmp_path, path)
     assert "2 CPU processes need at least" in line and "1.0 GiB available" in line
@@ -153,7 +154,7 @@ def test_several_machines_get_torchruns_rendezvous_flags(tmp_path):
                                            training__global_batch=64))
     args = build_parser().parse_args(["run", "x", "--nnodes", "2", "--node-rank", "1",
                                       "--rdzv-endpoint", "host0:29500", "--max-restarts", "2"])
-    gpus, per_node, rdzv = placement(scenario, args)
+    gpus, per_node, rdzv = placement(scenario, request(args))
     assert (gpus, per_node) == (16, 8)
     cmd = torchrun_command(tmp_path / "job.json", per_node, rdzv)
     text = " ".join(cmd)

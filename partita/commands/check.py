@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from partita.commands import add_catalog_option, catalog_from_args
+from partita.commands import add_catalog_option, catalog_file, catalog_from_args
 from partita.planner.errors import PartitaError
 
 
@@ -78,11 +78,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _extra_catalog(args) -> str | None:
-    import os
-    return getattr(args, "catalog", None) or os.environ.get("PARTITA_CATALOG") or None
-
-
 def _default_files() -> list[str]:
     from partita.planner.paths import SCENARIOS_DIR
     return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml"))
@@ -128,7 +123,7 @@ def _record(args: argparse.Namespace, catalog) -> int:
         print(f"note: {line}", file=sys.stderr)
     if not entries:
         raise PartitaError("no scenario could be simulated; nothing recorded")
-    doc = new_baseline(entries, sweep, data_hashes(_extra_catalog(args)))
+    doc = new_baseline(entries, sweep, data_hashes(catalog_file(args)))
     write_json_atomic(args.baseline, doc)
     if args.junit:
         _junit(args, [], {})
@@ -142,7 +137,7 @@ def _check(args: argparse.Namespace, catalog) -> int:
     base = read_baseline(args.baseline)
     scenarios = base["scenarios"]
     chosen = _chosen(args.files, scenarios, args.baseline)
-    for line in _provenance(base, data_hashes(_extra_catalog(args))):
+    for line in _provenance(base, data_hashes(catalog_file(args))):
         print(f"note: {line}", file=sys.stderr)
     findings, errors = [], {}
     for name in chosen:
