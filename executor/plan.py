@@ -33,7 +33,7 @@ TORCH_SCHEDULES = {
     "zero-bubble": "ScheduleInterleavedZeroBubble",   # ZB1P (Qi et al. 2023), one chunk per rank: ZB-H1
 }
 # Why context parallelism is refused (checked on torch 2.13, 2 gloo processes; see
-# tests/test_executor_context.py).
+# tests/integration/executor/test_executor_context.py).
 CP_WHY = ("On CPU (gloo) torch's context-parallel attention cannot run: context_parallel shards "
           "only the CUDA flash, memory-efficient and cuDNN attention kernels, and CPU attention "
           "(aten._scaled_dot_product_flash_attention_for_cpu) has no sharding strategy. On CUDA, "
