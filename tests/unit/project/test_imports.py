@@ -5,7 +5,7 @@ import sys
 TORCH_FREE = ["partita.planner.scenario", "partita.planner.catalog", "partita.planner.costmodel",
               "partita.planner.schedule", "partita.simulator.step", "partita.simulator.validation",
               "partita.simulator.trace", "partita.executor.plan", "partita.executor.launch",
-              "partita.executor.preflight", "partita.cli"]
+              "partita.cli"]
 
 
 def test_no_torch_at_import_time():
