@@ -1,6 +1,8 @@
 """Executing a scenario's plan for real: `partita run` under torchrun (torch.distributed).
 
 - plan.py      what every rank does (degrees, chunks, micro-batching), checked before launch; no torch
+- preflight.py what `partita run` checks before launch (placement, memory, outputs, checkpoints)
+              and the simulator's prediction it records; no torch
 - launch.py    the torchrun command line, the job file, rank 0's result; no torch
 - worker.py    `python -m partita.executor.worker`: one rank (process group, then train.run_rank)
 - train.py     the per-rank training loop and the single-process reference it must match

@@ -1,6 +1,6 @@
 """Starting the processes of `partita run` under torchrun and reading back what they produced.
 
-The command line validates everything first; then `launch(job, rendezvous)` writes the job to a
+`preflight.prepare_run` checks everything first; then `launch(job, rendezvous)` writes the job to a
 temporary directory, runs
 
     python -m torch.distributed.run --standalone --nproc-per-node N -m partita.executor.worker --job JOB.json

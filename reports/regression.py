@@ -6,7 +6,8 @@ scenario its file (a shipped example's name or a path) and metrics: step_time_s,
 peak_memory_gib, and scaling_efficiency_x<K> for each multiplier K of the scenario's own node count
 (weak scaling, the scaling report's sweep with the scenario's own gradient reduction). A metric
 moved when |new / old - 1| > tolerance; a point that simulated before and fails now (or the
-reverse) moved too.
+reverse) moved too. `record_baseline` and `check_baseline` are the two runs of `partita check`;
+the command only prints what they report.
 """
 from __future__ import annotations
 
@@ -171,6 +172,115 @@ def _finding(scenario: str, metric: str, a, b, tol: float) -> Finding:
 
 def _show(v) -> str:
     return f"{v:.6g}" if isinstance(v, (int, float)) else str(v)
+
+
+def shipped_scenarios() -> list[str]:
+    """Every shipped example's name (data/scenarios/*.yaml): what a bare `--record` records."""
+    from partita.planner.paths import SCENARIOS_DIR
+    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml"))
+
+
+def _quiet(message: str) -> None:
+    """The default progress and note sink: says nothing."""
+
+
+def record_baseline(files: Sequence[str], *, catalog, sweep: Sequence[int],
+                    extra_catalog: str | None, progress: Callable[[str], None] = _quiet,
+                    note: Callable[[str], None] = _quiet) -> dict[str, Any]:
+    """The baseline document of `files`; none: every shipped example. A named file must simulate;
+    a shipped example that cannot here, or that names this machine (`local`), is skipped with a
+    note. `progress` hears each file before it is simulated."""
+    from partita.planner.scenario import load_scenario
+    explicit = bool(files)
+    entries, problems = {}, []
+    for file in files or shipped_scenarios():
+        progress(f"recording {file}")
+        try:
+            scenario = load_scenario(file)
+            if not explicit and scenario.cluster.system.lower() == "local":
+                problems.append(f"skipped {file}: system local (this machine) is not portable "
+                                "to a CI host; name it to record it")
+                continue
+            metrics = scenario_metrics(scenario, catalog, sweep)
+        except PartitaError as exc:
+            if explicit:
+                raise
+            problems.append(f"skipped {file}: {exc}")       # a shipped example this host can't run
+            continue
+        key = scenario_key(scenario, file)
+        if key in entries:
+            raise PartitaError(f"{file}: scenario name {key!r} given twice; names must be unique")
+        entries[key] = {"file": file, "metrics": metrics}
+    for line in problems:
+        note(line)
+    if not entries:
+        raise PartitaError("no scenario could be simulated; nothing recorded")
+    return new_baseline(entries, sweep, data_hashes(extra_catalog))
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckResult:
+    """A baseline rechecked: every metric compared, and the scenarios that failed to simulate."""
+    scenarios: tuple[str, ...]          # the baseline's scenarios that were recomputed
+    findings: tuple[Finding, ...]
+    errors: dict[str, str]              # scenario -> why it did not simulate
+
+    @property
+    def moved(self) -> list[Finding]:
+        return [f for f in self.findings if f.moved]
+
+
+def check_baseline(baseline: str, files: Sequence[str], *, catalog, tolerance: float,
+                   extra_catalog: str | None, progress: Callable[[str], None] = _quiet,
+                   note: Callable[[str], None] = _quiet) -> CheckResult:
+    """Recompute the baseline's scenarios (or `files` among them) and compare each metric.
+    `note` hears how the data or version differ from the baseline's; `progress` each scenario."""
+    from partita.planner.scenario import load_scenario
+    base = read_baseline(baseline)
+    scenarios = base["scenarios"]
+    chosen = chosen_scenarios(files, scenarios, baseline)
+    for line in provenance(base, data_hashes(extra_catalog)):
+        note(line)
+    findings, errors = [], {}
+    for name in chosen:
+        entry = scenarios[name]
+        progress(name)
+        try:
+            metrics = scenario_metrics(load_scenario(entry["file"]), catalog,
+                                       base["sweep_multipliers"])
+        except PartitaError as exc:
+            errors[name] = str(exc)
+            continue
+        findings += compare(name, entry["metrics"], metrics, tolerance)
+    return CheckResult(scenarios=tuple(chosen), findings=tuple(findings), errors=errors)
+
+
+def chosen_scenarios(files: Sequence[str], scenarios: dict, baseline: str) -> list[str]:
+    """The baseline's names of `files` (a name, a recorded file, or its stem); none: all."""
+    if not files:
+        return list(scenarios)
+    by_file = {entry["file"]: name for name, entry in scenarios.items()}
+    chosen = []
+    for f in files:
+        name = f if f in scenarios else by_file.get(f) or by_file.get(Path(f).stem)
+        if name is None:
+            raise PartitaError(f"{f}: not in the baseline {baseline} (it has "
+                               f"{', '.join(scenarios)}); record it with --record")
+        chosen.append(name)
+    return chosen
+
+
+def provenance(base: dict, hashes: dict[str, str]) -> list[str]:
+    """How this partita and its data differ from what recorded the baseline."""
+    out = []
+    if base.get("partita_version") != __version__:
+        out.append(f"baseline recorded with partita {base.get('partita_version')}, "
+                   f"this is {__version__}")
+    for key, what in (("catalog_sha256", "catalog"), ("calibration_sha256", "calibration data")):
+        if base.get(key) != hashes[key]:
+            out.append(f"the {what} differs from the baseline's ({key} "
+                       f"{str(base.get(key))[:12]} -> {hashes[key][:12]})")
+    return out
 
 
 def junit_xml(findings: Sequence[Finding], errors: dict[str, str], *, tolerance: float) -> str:

@@ -18,8 +18,12 @@ def add_catalog_option(parser: argparse.ArgumentParser) -> None:
                              "(default: $PARTITA_CATALOG if set)")
 
 
+def catalog_file(args: argparse.Namespace) -> str | None:
+    """The extra catalog file a command names: --catalog FILE, else $PARTITA_CATALOG, else None."""
+    return getattr(args, "catalog", None) or os.environ.get("PARTITA_CATALOG") or None
+
+
 def catalog_from_args(args: argparse.Namespace):
     """The catalog for a command: shipped entries plus --catalog FILE (or $PARTITA_CATALOG)."""
     from partita.planner.catalog import load_catalog
-    extra = getattr(args, "catalog", None) or os.environ.get("PARTITA_CATALOG") or None
-    return load_catalog(extra)
+    return load_catalog(catalog_file(args))

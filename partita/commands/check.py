@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from partita.commands import add_catalog_option, catalog_from_args
+from partita.commands import add_catalog_option, catalog_file, catalog_from_args
 from partita.planner.errors import PartitaError
 
 
@@ -78,16 +78,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _extra_catalog(args) -> str | None:
-    import os
-    return getattr(args, "catalog", None) or os.environ.get("PARTITA_CATALOG") or None
-
-
-def _default_files() -> list[str]:
-    from partita.planner.paths import SCENARIOS_DIR
-    return sorted(p.stem for p in SCENARIOS_DIR.glob("*.yaml"))
-
-
 def run(args: argparse.Namespace) -> int:
     if args.junit and Path(args.junit).resolve() == Path(args.baseline).resolve():
         raise PartitaError(f"--junit {args.junit} is the baseline file; give another path")
@@ -99,99 +89,39 @@ def run(args: argparse.Namespace) -> int:
     return _check(args, catalog)
 
 
+def _progress(message: str) -> None:
+    print(f"check: {message}", file=sys.stderr, flush=True)
+
+
+def _note(line: str) -> None:
+    print(f"note: {line}", file=sys.stderr)
+
+
 def _record(args: argparse.Namespace, catalog) -> int:
-    from partita.planner.scenario import load_scenario
-    from partita.reports.regression import (DEFAULT_SWEEP, data_hashes, new_baseline,
-                                            scenario_key, scenario_metrics, write_json_atomic)
-    sweep = args.sweep or DEFAULT_SWEEP
-    explicit = bool(args.files)
-    entries, problems = {}, []
-    for file in args.files or _default_files():
-        print(f"check: recording {file}", file=sys.stderr, flush=True)
-        try:
-            scenario = load_scenario(file)
-            if not explicit and scenario.cluster.system.lower() == "local":
-                problems.append(f"skipped {file}: system local (this machine) is not portable "
-                                "to a CI host; name it to record it")
-                continue
-            metrics = scenario_metrics(scenario, catalog, sweep)
-        except PartitaError as exc:
-            if explicit:
-                raise
-            problems.append(f"skipped {file}: {exc}")       # a shipped example this host can't run
-            continue
-        key = scenario_key(scenario, file)
-        if key in entries:
-            raise PartitaError(f"{file}: scenario name {key!r} given twice; names must be unique")
-        entries[key] = {"file": file, "metrics": metrics}
-    for line in problems:
-        print(f"note: {line}", file=sys.stderr)
-    if not entries:
-        raise PartitaError("no scenario could be simulated; nothing recorded")
-    doc = new_baseline(entries, sweep, data_hashes(_extra_catalog(args)))
+    from partita.reports.regression import DEFAULT_SWEEP, record_baseline, write_json_atomic
+    doc = record_baseline(args.files, catalog=catalog, sweep=args.sweep or DEFAULT_SWEEP,
+                          extra_catalog=catalog_file(args), progress=_progress, note=_note)
     write_json_atomic(args.baseline, doc)
     if args.junit:
         _junit(args, [], {})
-    print(f"recorded {len(entries)} scenario(s) in {args.baseline}")
+    print(f"recorded {len(doc['scenarios'])} scenario(s) in {args.baseline}")
     return 0
 
 
 def _check(args: argparse.Namespace, catalog) -> int:
-    from partita.planner.scenario import load_scenario
-    from partita.reports.regression import compare, data_hashes, read_baseline, scenario_metrics
-    base = read_baseline(args.baseline)
-    scenarios = base["scenarios"]
-    chosen = _chosen(args.files, scenarios, args.baseline)
-    for line in _provenance(base, data_hashes(_extra_catalog(args))):
-        print(f"note: {line}", file=sys.stderr)
-    findings, errors = [], {}
-    for name in chosen:
-        entry = scenarios[name]
-        print(f"check: {name}", file=sys.stderr, flush=True)
-        try:
-            metrics = scenario_metrics(load_scenario(entry["file"]), catalog,
-                                       base["sweep_multipliers"])
-        except PartitaError as exc:
-            errors[name] = str(exc)
-            continue
-        findings += compare(name, entry["metrics"], metrics, args.tolerance)
-    moved = [f for f in findings if f.moved]
+    from partita.reports.regression import check_baseline
+    result = check_baseline(args.baseline, args.files, catalog=catalog, tolerance=args.tolerance,
+                            extra_catalog=catalog_file(args), progress=_progress, note=_note)
+    moved = result.moved
     for f in moved:
         print(f"MOVED {f.scenario} {f.message}")
-    for name, why in errors.items():
+    for name, why in result.errors.items():
         print(f"FAILED {name}: {why}")
-    print(f"{len(chosen)} scenario(s), {len(findings)} metric(s): {len(moved)} moved beyond "
-          f"{100 * args.tolerance:g}%, {len(errors)} failed to simulate")
+    print(f"{len(result.scenarios)} scenario(s), {len(result.findings)} metric(s): {len(moved)} "
+          f"moved beyond {100 * args.tolerance:g}%, {len(result.errors)} failed to simulate")
     if args.junit:
-        _junit(args, findings, errors)
-    return 1 if moved or errors else 0
-
-
-def _chosen(files: list[str], scenarios: dict, baseline: str) -> list[str]:
-    if not files:
-        return list(scenarios)
-    by_file = {entry["file"]: name for name, entry in scenarios.items()}
-    chosen = []
-    for f in files:
-        name = f if f in scenarios else by_file.get(f) or by_file.get(Path(f).stem)
-        if name is None:
-            raise PartitaError(f"{f}: not in the baseline {baseline} (it has "
-                               f"{', '.join(scenarios)}); record it with --record")
-        chosen.append(name)
-    return chosen
-
-
-def _provenance(base: dict, hashes: dict[str, str]) -> list[str]:
-    from partita import __version__
-    out = []
-    if base.get("partita_version") != __version__:
-        out.append(f"baseline recorded with partita {base.get('partita_version')}, "
-                   f"this is {__version__}")
-    for key, what in (("catalog_sha256", "catalog"), ("calibration_sha256", "calibration data")):
-        if base.get(key) != hashes[key]:
-            out.append(f"the {what} differs from the baseline's ({key} "
-                       f"{str(base.get(key))[:12]} -> {hashes[key][:12]})")
-    return out
+        _junit(args, result.findings, result.errors)
+    return 1 if moved or result.errors else 0
 
 
 def _junit(args: argparse.Namespace, findings, errors) -> None:

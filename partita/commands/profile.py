@@ -9,18 +9,22 @@ The model is profiled on the meta device (planner.profiler): FLOPs, parameters, 
 backward and bytes passed on, per layer, for one micro-batch (the scenario's training.micro_batch
 unless --micro-batch) at the scenario's precision. Transformer models also get the simulator's
 predicted forward and backward time of each layer on one GPU of the scenario's cluster.system (no
-tensor or context parallelism; simulator.compute). --measure times each layer forward and backward
+tensor or context parallelism; simulator.layertimes). --measure times each layer forward and backward
 on this machine's accelerator (else the CPU) and reports the achieved TFLOP/s.
 """
 from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
 import partita.commands as commands
 from partita.commands import add_catalog_option
 from partita.planner.errors import PartitaError
 from partita.planner.units import MIB
+
+if TYPE_CHECKING:
+    from partita.simulator.layertimes import LayerPrediction
 
 W = 12            # width of a numeric column
 
@@ -55,6 +59,7 @@ def _count(text: str) -> int:
 def run(args: argparse.Namespace) -> int:
     from partita.planner.scenario import load_scenario
     from partita.planner.profiler import profile_module
+    from partita.simulator.layertimes import predict_layers
 
     scenario = load_scenario(args.file)
     micro_batch = args.micro_batch if args.micro_batch is not None else scenario.training.micro_batch
@@ -68,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
                              precision=scenario.training.precision, measure=args.measure,
                              device=args.device, repeats=args.repeats,
                              name=scenario.name or _model_label(scenario.model))
-    prediction = predict(scenario, micro_batch, args)
+    prediction = predict_layers(scenario, micro_batch, commands.catalog_file(args))
     if args.json:
         print(json.dumps(to_json(profile, prediction)))
     else:
@@ -112,49 +117,6 @@ def check_hardware(scenario, args: argparse.Namespace) -> None:
         raise PartitaError(f"{where}training.precision: {exc}") from None
 
 
-class Prediction:
-    """Predicted (fwd_s, bwd_s) per layer on one GPU, or why there is none."""
-
-    def __init__(self, gpu: str | None = None, times: list[tuple[float, float]] | None = None,
-                 reason: str = ""):
-        self.gpu, self.times, self.reason = gpu, times, reason
-
-
-def predict(scenario, micro_batch: int, args: argparse.Namespace) -> Prediction:
-    """The simulator's compute model, layer by layer, on the scenario's GPU (tp = cp = 1). A model
-    with no transformer dims, or a system the catalog lacks, gets a reason instead: profiling
-    itself needs no hardware."""
-    from partita.planner.errors import PartitaError
-
-    dims = scenario.model.resolve()
-    if dims is None:
-        return Prediction(reason="a module: model has no transformer dims for the simulator")
-    try:
-        from partita.simulator.calibration import load_calibration
-        gpu = commands.catalog_from_args(args).system(scenario.cluster.system).gpu
-        return Prediction(gpu.name, _layer_times(dims, micro_batch, scenario.training.precision,
-                                                 gpu, load_calibration()))
-    except PartitaError as exc:
-        return Prediction(reason=str(exc).split(" (valid:")[0])
-
-
-def _layer_times(dims, micro_batch: int, precision: str, gpu, cal) -> list[tuple[float, float]]:
-    from partita.planner.costmodel import layer_params
-    from partita.simulator.compute import embedding_times, head_times, layer_times
-
-    out = []
-    for _, kind, _ in layer_params(dims):
-        if kind == "embedding":
-            t = embedding_times(dims, micro_batch, 1, False, 1, precision, gpu, cal)
-        elif kind == "head":
-            t = head_times(dims, micro_batch, 1, False, 1, precision, gpu, cal)
-        else:
-            t = layer_times(dims, micro_batch, 1, False, 1, precision, "none", gpu, cal,
-                            decoder=kind == "decoder")
-        out.append((t.fwd_s, t.bwd_s))
-    return out
-
-
 def _model_label(spec) -> str:
     if spec.preset:
         return spec.preset
@@ -164,7 +126,7 @@ def _model_label(spec) -> str:
     return dims.name or dims.arch
 
 
-def to_json(profile, prediction: Prediction | None = None) -> dict:
+def to_json(profile, prediction: LayerPrediction | None = None) -> dict:
     """The profile as the contract's JSON object; measured layers also carry achieved_flops_per_s,
     predicted ones predicted_fwd_s / predicted_bwd_s (on `predicted_gpu`)."""
     from partita.planner.profiler import achieved_flops_per_s
@@ -183,7 +145,7 @@ def to_json(profile, prediction: Prediction | None = None) -> dict:
     return out
 
 
-def format_table(profile, prediction: Prediction | None = None) -> str:
+def format_table(profile, prediction: LayerPrediction | None = None) -> str:
     from partita.planner.profiler import achieved_flops_per_s
 
     measured = profile.device is not None
@@ -210,7 +172,7 @@ def format_table(profile, prediction: Prediction | None = None) -> str:
     return "\n".join(lines)
 
 
-def _title(profile, prediction: Prediction | None) -> str:
+def _title(profile, prediction: LayerPrediction | None) -> str:
     title = (f"{profile.model}: {profile.method} profile, {profile.precision}, micro-batch "
              f"{profile.micro_batch} x {profile.seq_len} tokens")
     if prediction is not None and prediction.times is not None:
@@ -225,7 +187,7 @@ def _num(x: float) -> str:
     return f"{x:.4g}" if x == 0 or 1e-3 <= abs(x) < 1e7 else f"{x:.3e}"
 
 
-def _totals(profile, prediction: Prediction | None, measured: bool) -> str:
+def _totals(profile, prediction: LayerPrediction | None, measured: bool) -> str:
     layers = profile.layers
     cells = [_num(sum(l.fwd_flops for l in layers) / 1e9), _num(sum(l.bwd_flops for l in layers) / 1e9),
              _num(sum(l.activation_bytes for l in layers) / MIB), ""]

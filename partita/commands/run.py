@@ -4,10 +4,10 @@
     partita run plan.yaml --backend nccl --json         # cluster: {system: local, gpus: 8}, on GPUs
     partita run plan.yaml --nnodes 2 --node-rank 0 --rdzv-endpoint host0:29500   # on each node
 
-Everything is checked before a process starts (the scenario and its plan, the token file, the
-checkpoint directory, the backend); then torchrun runs `executor.worker` on every rank and this
-prints the measured step times next to the simulator's prediction. Outputs go to --out DIR
-(default ./partita-run/<name>/): metrics.jsonl, trace.json, result.json.
+Everything is checked before a process starts (executor.preflight: the scenario and its plan,
+the token file, the checkpoint directory, the backend); then torchrun runs `executor.worker` on
+every rank and this prints the measured step times next to the simulator's prediction. Outputs go
+to --out DIR (default ./partita-run/<name>/): metrics.jsonl, trace.json, result.json.
 """
 from __future__ import annotations
 
@@ -16,9 +16,7 @@ import json
 import sys
 from pathlib import Path
 
-from partita.commands import add_catalog_option, catalog_from_args
-from partita.planner.errors import PartitaError
-from partita.planner.units import GIB
+from partita.commands import add_catalog_option, catalog_file
 
 
 MAX_SEED = 2**32 - 1       # numpy's and every torch generator's range
@@ -86,31 +84,16 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from partita.executor.launch import Job, launch
-    from partita.planner.scenario import find_scenario_file, load_scenario
+    from partita.executor.launch import launch
+    from partita.executor.preflight import prepare_run
 
-    path = find_scenario_file(args.file)
-    scenario = load_scenario(path)
-    gpus, nproc, rdzv = placement(scenario, args)
-    plan = _plan(scenario, gpus)
-    _check_backend(args.backend, nproc)
-    _check_host_memory(scenario, plan, nproc, args.backend)
-    out = Path(args.out or Path("partita-run") / (scenario.name or path.stem))
-    _check_files(args, plan)
-    _check_outputs(args, out)
-    _check_checkpoints(args, scenario)
-    predicted, note, predicted_memory = predict(scenario, args)
-    for line in plan.notes() + ([note] if note else []):
+    prepared = prepare_run(request(args))
+    for line in prepared.notes:
         print(f"note: {line}", file=sys.stderr)
-    job = Job(scenario=str(path.resolve()), world=gpus, steps=args.steps, backend=args.backend,
-              seed=args.seed, lr=args.lr, data=str(Path(args.data).resolve()) if args.data else None,
-              out_dir=str(out), checkpoint_dir=args.checkpoint_dir,
-              checkpoint_every=args.checkpoint_every or 0, resume=args.resume,
-              save_weights=args.save_weights, predicted_step_time_s=predicted,
-              predicted_memory_bytes=predicted_memory)
-    result = launch(job, nproc, rdzv)
+    result = launch(prepared.job, prepared.nproc, prepared.rendezvous)
     if result is None:
-        print(f"this node's ranks finished; rank 0 (node 0) has the results in {out}", file=sys.stderr)
+        print(f"this node's ranks finished; rank 0 (node 0) has the results in {prepared.out}",
+              file=sys.stderr)
         return 0
     if args.json:
         print(json.dumps(result))
@@ -119,180 +102,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _plan(scenario, gpus: int):
-    from partita.executor.plan import execution_plan
-    return execution_plan(scenario, gpus)
-
-
-def placement(scenario, args: argparse.Namespace):
-    """(processes in all, processes on this machine, rendezvous) for the scenario's cluster."""
-    from partita.executor.launch import Rendezvous
-    c, where = scenario.cluster, f"{scenario.origin}: " if scenario.origin else ""
-    local = c.system.lower() == "local"
-    if local and args.nnodes is None:
-        if c.gpus is None:
-            raise PartitaError(f"{where}cluster: system local needs gpus: N (the number of "
-                               "processes to start on this machine)")
-        return c.gpus, c.gpus, Rendezvous(max_restarts=args.max_restarts)
-    if local:
-        raise PartitaError(f"{where}cluster.system is local (this machine), but --nnodes "
-                           f"{args.nnodes} asks for several; name the nodes' system instead")
-    hw = catalog_from_args(args).resolve_cluster(c, scenario.origin)
-    if args.nnodes is None:
-        raise PartitaError(
-            f"{where}cluster.system is {c.system!r}, not 'local': launching here would run "
-            f"{hw.gpus} processes on this one machine. To try the plan here, use cluster: "
-            f"{{system: local, gpus: {hw.gpus}}}; to run it on {hw.nodes} x {c.system}, run "
-            f"`partita run {scenario.origin or 'FILE'} --backend nccl --nnodes {hw.nodes} "
-            "--node-rank I --rdzv-endpoint HOST:PORT` on each node")
-    if hw.gpus % args.nnodes:
-        raise PartitaError(f"{where}{hw.gpus} GPUs do not split evenly over --nnodes {args.nnodes}")
-    rdzv = Rendezvous(nnodes=args.nnodes, node_rank=args.node_rank, endpoint=args.rdzv_endpoint,
-                      backend=args.rdzv_backend, run_id=args.rdzv_id, max_restarts=args.max_restarts)
-    return hw.gpus, hw.gpus // args.nnodes, rdzv
-
-
-def _check_backend(backend: str, nproc: int) -> None:
-    if backend != "nccl":
-        return
-    import torch
-    have = torch.cuda.device_count()
-    if have < nproc:
-        raise PartitaError(f"--backend nccl runs one process per CUDA GPU: {nproc} needed on this "
-                           f"machine, {have} found; use --backend gloo for CPU processes")
-
-
-def _check_host_memory(scenario, plan, nproc: int, backend: str) -> None:
-    """CPU processes hold every weight and its gradient in this machine's memory: refuse a plan
-    whose lower bound (weights + gradients at the training precision, no optimizer state, no
-    activations) exceeds the memory available now, instead of letting the workers be OOM-killed."""
-    if backend != "gloo":
-        return
-    from partita.planner.costmodel import element_bytes, total_params
-    available = _available_bytes()
-    if available is None:
-        return
-    dims = scenario.model.resolve()
-    if dims is not None:
-        params = total_params(dims)
-    else:                                   # a `module:` model: count it on the meta device
-        from partita.planner.profiler import profile_module
-        params = profile_module(scenario.model, micro_batch=1,
-                                precision=plan.precision).total_params
-    model_bytes = params * element_bytes(plan.precision)
-    weights = model_bytes * (1 if plan.zero >= 3 else plan.data)    # ZeRO-3: sharded over data
-    grads = model_bytes * (1 if plan.zero >= 2 else plan.data)      # ZeRO-2: gradients too
-    need = (weights + grads) * nproc / plan.world                   # this machine's share
-    if need > available:
-        where = f"{scenario.origin}: " if scenario.origin else ""
-        raise PartitaError(f"{where}model: {nproc} CPU processes need at least {need / GIB:,.1f} GiB "
-                           f"for weights and gradients alone, and this machine has "
-                           f"{available / GIB:,.1f} GiB available; use a smaller model")
-
-
-def _available_bytes() -> int | None:
-    """MemAvailable of /proc/meminfo (Linux), else None (no check)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        return None
-    return None
-
-
-def _check_files(args: argparse.Namespace, plan) -> None:
-    from partita.executor.data import DataSpec, check_token_file
-    if args.data:
-        check_token_file(DataSpec(plan.arch, plan.seq_len, plan.vocab, args.seed, args.data))
-
-
-def _check_outputs(args: argparse.Namespace, out: Path) -> None:
-    """Where the results go must be writable before training starts, so that a finished run is
-    never lost to a bad path (and an existing weights file is not overwritten)."""
-    flag = "--out" if args.out else "output directory"
-    if out.exists() and not out.is_dir():
-        raise PartitaError(f"{flag} {out}: exists and is not a directory (--out names a directory "
-                           "for metrics.jsonl, trace.json and result.json)")
-    _check_writable(flag, out if out.is_dir() else _existing_parent(out))
-    if args.save_weights:
-        weights = Path(args.save_weights)
-        if weights.is_dir():
-            raise PartitaError(f"--save-weights {weights}: is a directory; give a file name "
-                               f"(e.g. {weights / 'weights.pt'})")
-        if weights.exists() or weights.is_symlink():
-            raise PartitaError(f"--save-weights {weights}: already exists; remove it or choose "
-                               "another file name (partita does not overwrite it)")
-        if not weights.resolve().parent.is_dir():
-            raise PartitaError(f"--save-weights {args.save_weights}: no such directory "
-                               f"{weights.resolve().parent}")
-        _check_writable("--save-weights", weights.resolve().parent)
-
-
-def _existing_parent(path: Path) -> Path:
-    path = path.resolve()
-    while not path.exists():
-        path = path.parent
-    if not path.is_dir():
-        raise PartitaError(f"--out: {path} is a file, so no directory can be made under it")
-    return path
-
-
-def _check_writable(flag: str, directory: Path) -> None:
-    import os
-    if not os.access(directory, os.W_OK | os.X_OK):
-        raise PartitaError(f"{flag}: cannot write in {directory} (permission denied)")
-
-
-def _check_checkpoints(args: argparse.Namespace, scenario) -> None:
-    """Refuse before launch what would fail or overwrite a checkpoint later."""
-    if not args.checkpoint_dir:
-        for flag, given in (("--checkpoint-every", args.checkpoint_every), ("--resume", args.resume)):
-            if given:
-                raise PartitaError(f"{flag} needs --checkpoint-dir DIR")
-        return
-    from partita.executor.checkpoint import latest_checkpoint, plan_fingerprint
-    where = Path(args.checkpoint_dir)
-    if where.exists() and not where.is_dir():
-        raise PartitaError(f"--checkpoint-dir {where}: exists and is not a directory")
-    latest = latest_checkpoint(where, fingerprint=plan_fingerprint(scenario))
-    if latest is not None and not args.resume:
-        raise PartitaError(f"--checkpoint-dir {where} already holds step {latest} of this plan; "
-                           "pass --resume to continue from it, or choose another directory")
-    if args.resume and latest is None:
-        raise PartitaError(f"--resume: no intact checkpoint of this plan in {where} to resume "
-                           "from; run without --resume to start afresh")
-    if args.resume and latest is not None and latest >= args.steps:
-        raise PartitaError(f"--resume: the latest checkpoint is step {latest}, already at --steps "
-                           f"{args.steps}; ask for more steps")
-
-
-def predict(scenario, args: argparse.Namespace) -> tuple[float | None, str | None, list | None]:
-    """The simulator's step time and memory per pipeline stage, or (None, why, None) when this
-    machine has no calibration."""
-    from partita.executor.measure import predicted_stage_memory
-    from partita.simulator.step import simulate
-    catalog = catalog_from_args(args)
-    if scenario.cluster.system.lower() != "local":
-        result = simulate(scenario, catalog)
-        return result.step_time_s, None, predicted_stage_memory(result)
-    if "local" not in catalog.system_names():
-        return None, ("no prediction: this machine is not calibrated (no catalog system "
-                      "'local'); run `partita calibrate` first"), None
-    try:
-        result = simulate(scenario, catalog)
-    except PartitaError as exc:
-        return None, f"no prediction ({exc}); run `partita calibrate` to measure this machine", None
-    return result.step_time_s, None, predicted_stage_memory(result)
-
-
-def memory_lines(r: dict) -> list[str]:
-    from partita.executor.measure import format_memory
-    return format_memory(r.get("memory"))
+def request(args: argparse.Namespace):
+    """The parsed command line as the executor's RunRequest."""
+    from partita.executor.preflight import RunRequest
+    return RunRequest(file=args.file, steps=args.steps, backend=args.backend, out=args.out,
+                      data=args.data, seed=args.seed, lr=args.lr, save_weights=args.save_weights,
+                      checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+                      resume=args.resume, nnodes=args.nnodes, node_rank=args.node_rank,
+                      rdzv_endpoint=args.rdzv_endpoint, rdzv_backend=args.rdzv_backend,
+                      rdzv_id=args.rdzv_id, max_restarts=args.max_restarts,
+                      catalog=catalog_file(args))
 
 
 def format_table(r: dict) -> str:
+    from partita.executor.measure import format_memory
     p = r["plan"]
     lines = [f"{r['scenario']}: {r['world']} processes ({r['backend']}, {r['device']})  "
              f"TP {p['tensor']} x PP {p['pipeline']} x DP {p['data']}, {p['schedule']}"
@@ -309,6 +132,6 @@ def format_table(r: dict) -> str:
               if pred else "   predicted: none")
     lines += [f"  median step time {r['median_step_time_s']:.4f} s{versus}",
               f"  throughput       {r['tokens_per_s']:.1f} tokens/s",
-              *memory_lines(r),
+              *format_memory(r.get("memory")),
               f"  outputs in {r['out_dir']}: metrics.jsonl, trace.json, result.json"]
     return "\n".join(lines)

@@ -6,7 +6,7 @@ binary, UTF-16, deep nesting, duplicate keys, alias bombs) and runs `partita.cli
 Every run must end with exit status 0, 1 or 2, no traceback (an exception escaping `main` fails
 the test with its own), within a time bound, and on failure with exactly one line `error: ...`
 on stderr. Memory: batches of generated scenarios also run in one subprocess under RLIMIT_AS
-(and the documents that once exhausted the machine in tests/test_hostile_limits.py).
+(and the documents that once exhausted the machine in tests/integration/cli/test_hostile_limits.py).
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """`partita report run RUN_DIR`: a real 2-process run of tiny-gpt-pp2 against its prediction.
 
-The prediction needs this machine's `local` system; tests/data/local-machine holds one written by
-`partita calibrate --quick` (a fixed input, so the test does not depend on the host's speed)."""
+The prediction needs this machine's `local` system; data/local-machine beside this file holds one
+written by `partita calibrate --quick` (a fixed input, so the test does not depend on the host's
+speed)."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ import pandas as pd
 import pytest
 
 from partita.cli import main
-from test_report import check_page
+from report_pages import check_page
 
 LOCAL = Path(__file__).resolve().parent / "data" / "local-machine"
 

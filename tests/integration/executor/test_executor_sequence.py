@@ -3,7 +3,7 @@
 Each case runs `partita run` with tensor 2 and sequence_parallel for 5 steps and holds its losses
 and final weights to `reference_run` at 1e-6 relative (the L2 norm of each weight tensor's
 difference against the tensor's norm, with the 1e-9 absolute floor of
-tests/test_executor_numerics.py for GPT's k-projection bias, whose gradient is mathematically
+test_executor_numerics.py for GPT's k-projection bias, whose gradient is mathematically
 zero). As with tensor parallelism alone, only summation order differs: the reduce-scatter adds
 the same partial sums as the all-reduce did, and each norm's weight gradient is the sum of the
 ranks' sequence shards.

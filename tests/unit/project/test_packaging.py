@@ -6,7 +6,7 @@ import fnmatch
 import tomllib
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _setuptools() -> dict:

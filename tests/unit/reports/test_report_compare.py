@@ -1,5 +1,5 @@
-"""reports/compare.py on a hand-built planner candidates table (tests/report_candidates.py), and
-`partita report compare` refusing cleanly while the planner's search is not installed."""
+"""reports/compare.py on a hand-built planner candidates table (report_candidates.py beside it),
+and `partita report compare` refusing cleanly while the planner's search is not installed."""
 from __future__ import annotations
 
 import pandas as pd
@@ -10,7 +10,7 @@ from partita.planner.errors import PartitaError
 from partita.reports.compare import best_plans, compare_report, problems_table, recommendation
 from partita.reports.html import write_report
 from report_candidates import SYSTEMS, TOKENS, candidates
-from test_report import check_page
+from report_pages import check_page
 
 
 def test_best_plan_per_system_and_size():

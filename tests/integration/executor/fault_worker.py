@@ -3,7 +3,8 @@ that checkpoints with executor.checkpoint every K steps, resumes from the newest
 and can be killed mid-step through executor.faults (`PARTITA_FAULT_AT_STEP`).
 
     python -m torch.distributed.run --standalone --nproc-per-node 2 --max-restarts 1 \
-        tests/fault_worker.py --steps 6 --checkpoint-dir CK --checkpoint-every 1 --out OUT
+        tests/integration/executor/fault_worker.py --steps 6 --checkpoint-dir CK \
+        --checkpoint-every 1 --out OUT
 
 Writes OUT/rank<R>.pt (the stage's final weights) and OUT/attempts.jsonl (one line per attempt from
 rank 0: torchrun's restart count and the step it resumed from), which the tests compare against an
@@ -30,7 +31,8 @@ IN, WIDTH, OUT = 16, 32, 8
 MICROBATCHES, MICRO_BATCH = 4, 2
 SCENARIO = {
     "name": "fault-worker",
-    "model": {"module": "tests.fault_worker:build_model", "seq_len": 1, "vocab": IN},
+    "model": {"module": "tests.integration.executor.fault_worker:build_model", "seq_len": 1,
+              "vocab": IN},
     "cluster": {"system": "local", "gpus": 2},
     "training": {"global_batch": MICROBATCHES * MICRO_BATCH, "micro_batch": MICRO_BATCH,
                  "precision": "fp32", "optimizer": "adam"},

@@ -2,7 +2,7 @@
 
 The harness is exercised with a stand-in simulator (a roofline at 100 TFLOP/s per GPU) so these
 tests check the mapping, the conversions and the statistics, not the simulator's accuracy; that is
-tests/test_golden.py's job with the real `simulator.step.simulate`.
+tests/golden/test_golden.py's job with the real `simulator.step.simulate`.
 """
 from __future__ import annotations
 
@@ -404,7 +404,7 @@ def test_user_metrics_that_do_not_convert(tmp_path, metric, value, unit, kind):
 
 
 def test_cli_with_the_real_simulator(capsys):
-    if not (Path(__file__).resolve().parent.parent / "simulator" / "step.py").exists():
+    if not (Path(__file__).resolve().parents[3] / "simulator" / "step.py").exists():
         pytest.skip("simulator/step.py (simulate) is not in the tree yet")
     assert main(["validate", "--rows", "NAR21-17,MPT-25,HVD-01", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
@@ -455,7 +455,7 @@ def test_cli_memory_report_splits_fit_and_holdout(standin, capsys):
 
 # ---- leave-one-source-out and the frozen test: README quotes what `validate` prints (#16) ----
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 
 
 def test_readme_quotes_the_stored_leave_one_source_out_figures():

@@ -4,7 +4,7 @@ A user's nn.Sequential of 5 layers (embedding, 3 residual MLP blocks, LM head ti
 embedding) is cut into 2 uneven pipeline stages (3 + 2 layers, as the planner's even split of 5
 layers over 2 chunks gives) and trained for 5 steps on 2 pipeline x 2 data-parallel gloo processes;
 its losses and final weights are held to `reference_run` (the same module, seed and batches in one
-process) at 1e-6 relative, as tests/test_executor_numerics.py holds the transformer models, and for
+process) at 1e-6 relative, as test_executor_numerics.py holds the transformer models, and for
 the same reason (only summation order differs).
 """
 from __future__ import annotations

@@ -6,7 +6,8 @@ tests/golden/memory_summary.json holds the same for the peak memory of `partita 
 (data/validation/published_memory.csv, split by data/validation/split_memory.yaml).
 tests/golden/predictions.json holds step_time_s and peak_memory_gib of every data/scenarios/*.yaml
 with a parallel section; a relative move of more than 1e-9 fails. Rewrite both on purpose with
-`pytest tests/test_golden.py --update-golden` and commit the diff with the change that caused it.
+`pytest tests/golden/test_golden.py --update-golden` and commit the diff with the change that
+caused it.
 """
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ import pytest
 
 from partita.planner.paths import SCENARIOS_DIR
 
-ROOT = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = Path(__file__).resolve().parent
 SUMMARY_FILE = GOLDEN / "validation_summary.json"
 MEMORY_SUMMARY_FILE = GOLDEN / "memory_summary.json"
 PREDICTIONS_FILE = GOLDEN / "predictions.json"
@@ -28,13 +29,15 @@ SUMMARY_KEYS = {"holdout": ("median_abs_pct", "p90_abs_pct", "max_abs_pct"), "fi
 
 # The step-time error is no longer held under a ceiling here: the goldens guard drift, and the
 # accuracy that counts is the leave-one-source-out figure (`partita validate --cross-validate`),
-# which README quotes and tests/test_validation.py checks against the stored residuals (#16).
+# which README quotes and tests/unit/simulator/test_validation.py checks against the stored
+# residuals (#16).
 
 # The issue's memory target: peak memory within 10% of the published figures. The hold-out p90 of
 # the measured BLOOM peaks meets it (2.4 / 9.1 when written); never raised.
 MEMORY_HOLDOUT_P90_CEILING_PCT = 10.0
 
-UPDATE_HINT = "if the change is intended, rewrite with: pytest tests/test_golden.py --update-golden"
+UPDATE_HINT = ("if the change is intended, rewrite with: "
+               "pytest tests/golden/test_golden.py --update-golden")
 
 
 def _need_simulator() -> None:
