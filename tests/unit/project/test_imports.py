@@ -46,7 +46,8 @@ def test_the_cost_modules_import_each_other_one_way_at_load():
     """The model costs are chosen once (simulator/modelcosts.py), so no cost module defers an
     import to break a cycle; only the profiler (torch) is imported where it is used."""
     from pathlib import Path
-    sim = Path(__file__).resolve().parent.parent / "simulator"
+    sim = Path(__file__).resolve().parents[3] / "simulator"
+    assert sim.is_dir(), sim
     names = {f"partita.simulator.{m}": m for m in COST_MODULES if (sim / f"{m}.py").exists()}
     graph = {m: {names[i] for i in _partita_imports(sim / f"{m}.py", top_level=True) if i in names}
              for m in names.values()}
