@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 from partita.planner.catalog import load_catalog  # noqa: E402
 from partita.planner.paths import CALIBRATION_DIR  # noqa: E402
 from partita.simulator.calibration import load_calibration  # noqa: E402
-from partita.simulator.rowmap import MappedRow, load_rules, map_row, read_rows  # noqa: E402
+from partita.validation.rowmap import MappedRow, load_rules, map_row, read_rows  # noqa: E402
 from partita.simulator.step import simulate  # noqa: E402
-from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, summarize  # noqa: E402
+from partita.validation.runner import MEMORY_CSV, MEMORY_SPLIT, load_split, summarize  # noqa: E402
 
 MEMORY_FILE = CALIBRATION_DIR / "memory.yaml"
 GIB = 2.0 ** 30

@@ -22,7 +22,7 @@ Entries merge by name, field by field (a file may change one number of one GPU; 
 matmul data is replaced whole); a new name adds an entry. Errors name the file and the key path.
 
 "Calibration" names three things in partita: these per-GPU and per-tier efficiency curves (this
-module); the numbers fitted end to end to published step times (simulator/fitting.py writes
+module); the numbers fitted end to end to published step times (fitting/step_time.py writes
 data/calibration/fitted.yaml, simulator/overheads.py reads it); and measuring this machine
 (`partita calibrate`, executor/calibrate.py, which writes an override file of this module's format).
 """

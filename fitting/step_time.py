@@ -6,7 +6,7 @@ linear beyond DELTA, so rows the physics does not cover pull the shared numbers 
 loss would. Minimised by scipy's bounded trust-region least squares with the soft-L1 loss (the same
 pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 1.0, every cost 0).
 `benchmarks/fit_overheads.py` runs it on the split's fit rows and stores the result; the
-leave-one-source-out check (`simulator.crossval`) runs the same function once per left-out source.
+leave-one-source-out check (`validation.crossval`) runs the same function once per left-out source.
 
 The fitted parameters are `PARAMS`; every other number the simulator reads is measured or published
 and is read from the file as it stands. A row only reads the parameters of its GPU family,
@@ -19,13 +19,16 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import least_squares
 
 from partita.planner.errors import PartitaError
 from partita.simulator.overheads import Overheads, load_overheads
-from partita.simulator.rowmap import MappedRow
+
+if TYPE_CHECKING:        # the rows come from partita.validation, which imports this package
+    from partita.validation.rowmap import MappedRow
 
 DELTA = 0.1
 FAMILIES = ("v100", "a100", "h100")
@@ -180,4 +183,4 @@ def write_fitted(result: FitResult, path=None):
 
 OBJECTIVE = ("mean pseudo-Huber (delta 0.1) of log(predicted / measured) step time over the rows "
              "below; scipy least_squares (trf, soft_l1, f_scale 0.1) from every fraction 1.0 "
-             "(simulator/fitting.py)")
+             "(fitting/step_time.py)")
