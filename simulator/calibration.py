@@ -22,10 +22,11 @@ An override file has any of the top-level sections of the shipped files, in the 
 Entries merge by name, field by field (a file may change one number of one GPU; one precision's
 matmul data is replaced whole); a new name adds an entry. Errors name the file and the key path.
 
-"Calibration" names three things in partita: these per-GPU and per-tier efficiency curves (this
-module); the numbers fitted end to end to published step times (fitting/step_time.py writes
-data/calibration/fitted.yaml, simulator/overheads.py reads it); and measuring this machine
-(`partita calibrate`, executor/calibrate.py, which writes an override file of this module's format).
+"Calibration" in partita is this data: how much of the datasheet rates a GPU and a link achieve
+(this module) and the costs beside them (host.py, overheads.py). The numbers fitted end to end to
+measured step times and peaks are "fitted" (partita.fitting writes data/calibration/fitted*.yaml);
+measuring this machine is executor/measure_machine.py (`partita calibrate`, the command name of the
+scenario contract), whose executor/machine_files.py writes an override file of this module's format.
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 `run_validation()` maps every CSV row to a scenario (`validation.rowmap`), predicts its step with
 `simulator.step.simulate` (imported when called), and compares: error = predicted / measured - 1.
-Rows named in data/validation/split.yaml (`fit:`) are the only ones any calibration may be fitted
+Rows named in data/validation/split.yaml (`fit:`) are the only ones any number may be fitted
 on; all others are hold-out, and the summary reports the two groups apart.
 """
 from __future__ import annotations
