@@ -3,7 +3,7 @@
     python benchmarks/fit_overheads.py            # fit, print the values and the fit / hold-out errors
     python benchmarks/fit_overheads.py --write    # ... and store them in fitted.yaml
 
-The objective, the optimiser and the parameters are `partita.simulator.fitting` (the same code the
+The objective, the optimiser and the parameters are `partita.fitting.step_time` (the same code the
 leave-one-source-out check, `partita validate --cross-validate`, runs once per left-out source).
 Everything else the simulator reads is measured or published (training.yaml, host.yaml,
 compute.yaml, network.yaml) and is not touched here.
@@ -19,9 +19,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from partita.planner.catalog import load_catalog  # noqa: E402
-from partita.simulator.crossval import dev_rows  # noqa: E402
-from partita.simulator.fitting import PARAMS, Predictor, fit, write_fitted  # noqa: E402
-from partita.simulator.validation import load_split, summarize  # noqa: E402
+from partita.validation.crossval import dev_rows  # noqa: E402
+from partita.fitting.step_time import PARAMS, Predictor, fit, write_fitted  # noqa: E402
+from partita.validation.runner import load_split, summarize  # noqa: E402
 
 
 def main() -> int:

@@ -16,8 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from partita.commands.validate import loso_line  # noqa: E402
-from partita.simulator.crossval import load_residuals  # noqa: E402
-from partita.simulator.validation import summarize  # noqa: E402
+from partita.validation.crossval import load_residuals  # noqa: E402
+from partita.validation.runner import summarize  # noqa: E402
 
 
 def main() -> int:

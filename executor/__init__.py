@@ -11,7 +11,9 @@
 - precision.py dynamic loss scaling for fp16 (bf16 and fp16 autocast live in stages.Chunk)
 - data.py      synthetic or file token batches, a pure function of the sample index
 - measure.py   step times, tokens/s, peak memory, per-action and P2P spans; metrics.jsonl, trace.json
-- checkpoint.py, faults.py, calibrate.py: checkpoints, fault injection, `partita calibrate`
+- checkpoint.py, faults.py: checkpoints, fault injection
+- measure_machine.py, machine_files.py: `partita calibrate` measures this machine and writes its
+  catalog entry and calibration overlay
 
 Nothing here is imported by the planner or the simulator.
 """

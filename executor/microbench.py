@@ -5,7 +5,7 @@ caches and memory bandwidth it has during a run): matmul rates by size and preci
 bandwidth by size, a GPT block's elementwise kernels, scaled-dot-product attention, and the
 shortest time of one autograd-recorded op.
 Then rank 0 and rank 1 time a send/recv ping-pong and all ranks an all-reduce, by message size.
-`rank_main` writes each rank's results to `<out>/rank<R>.json`; executor.calibrate combines them.
+`rank_main` writes each rank's results to `<out>/rank<R>.json`; executor.measure_machine combines them.
 
 Times are medians of `repeats` batches, each batch long enough (`min_s`) for the clock; collectives
 agree on the batch length through a broadcast from rank 0 so that no rank waits on another.

@@ -18,11 +18,11 @@ from functools import lru_cache
 
 from partita.planner import inventory
 from partita.planner.costmodel import analytic_profile, element_bytes
-from partita.planner.documents import load_document
 from partita.planner.modelspec import TransformerDims
 from partita.planner.partition import Layer, LayerGraph, PartitionProblem, Tie
 from partita.planner.paths import CALIBRATION_DIR
 from partita.planner.profile import ModelProfile
+from partita.planner.provenance import load_by_provenance
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 from partita.planner.units import GIB
 
@@ -32,12 +32,14 @@ DEFAULT_HEADROOM = 0.05                               # of the usable memory, ke
 
 @lru_cache(maxsize=1)
 def _memory_calibration() -> dict:
-    return load_document(CALIBRATION_DIR / "memory.yaml")
+    """memory.yaml's measured and chosen reserve with fitted_memory.yaml's fitted numbers."""
+    return (load_by_provenance(CALIBRATION_DIR / "memory.yaml")
+            | load_by_provenance(CALIBRATION_DIR / "fitted_memory.yaml"))
 
 
 def usable_bytes(memory_bytes: int, *, headroom: float = DEFAULT_HEADROOM) -> float:
     """What a GPU of `memory_bytes` leaves for tensors: minus the CUDA context and NCCL buffers,
-    over (1 + the caching allocator's fragmentation) (data/calibration/memory.yaml), minus
+    over (1 + the caching allocator's fragmentation) (data/calibration/memory.yaml, fitted_memory.yaml), minus
     `headroom` of that."""
     cal = _memory_calibration()
     fixed = (float(cal["cuda_context_gib"]) + float(cal["communication_buffers_gib"])) * GIB

@@ -1,6 +1,6 @@
 """Validation report: the simulator's step times against published measurements.
 
-From `simulator.validation.run_validation` (the numbers `partita validate` prints): predicted vs
+From `validation.runner.run_validation` (the numbers `partita validate` prints): predicted vs
 measured scatter with the 5% and 10% bands, the rows fitted on beside the held-back rows, the
 signed error by source, the worst rows, and every row skipped or refused with its reason. Where
 the simulator offers a leave-one-source-out refit (`partita validate --cross-validate`), its
@@ -52,7 +52,7 @@ def summary_table(report, memory: bool = False) -> pd.DataFrame:
 
 def cross_validation() -> object | None:
     """The simulator's leave-one-source-out entry point, if this installation has one."""
-    for modname in ("partita.simulator.crossval", "partita.simulator.validation"):
+    for modname in ("partita.validation.crossval", "partita.validation.runner"):
         try:
             mod = importlib.import_module(modname)
         except ImportError:

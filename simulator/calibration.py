@@ -1,9 +1,10 @@
 """Calibration data: achieved-vs-peak efficiency curves per GPU and per link tier, loaded from YAML.
 
 The shipped files are data/calibration/compute.yaml (matmul, memory and attention efficiency per
-GPU and precision), network.yaml (per tier: efficiency, latencies, half-bandwidth size) and
-memory.yaml (framework reserve); each number there carries its source. `load_calibration()` reads
-them, then `$PARTITA_HOME/calibration-local.yaml` (default ~/.partita/, written by `partita
+GPU and precision), network.yaml (per tier: efficiency, latencies, half-bandwidth size),
+memory.yaml (framework reserve) and fitted_memory.yaml (the reserve's fitted numbers); each number
+there carries its source, in a section by provenance (facts, measured, fitted, chosen:
+planner/provenance.py, merged on reading). `load_calibration()` reads them, then `$PARTITA_HOME/calibration-local.yaml` (default ~/.partita/, written by `partita
 calibrate`) if present, then an optional extra file, and converts units once (SI inside).
 
 An override file has any of the top-level sections of the shipped files, in the same format:
@@ -21,10 +22,11 @@ An override file has any of the top-level sections of the shipped files, in the 
 Entries merge by name, field by field (a file may change one number of one GPU; one precision's
 matmul data is replaced whole); a new name adds an entry. Errors name the file and the key path.
 
-"Calibration" names three things in partita: these per-GPU and per-tier efficiency curves (this
-module); the numbers fitted end to end to published step times (simulator/fitting.py writes
-data/calibration/fitted.yaml, simulator/overheads.py reads it); and measuring this machine
-(`partita calibrate`, executor/calibrate.py, which writes an override file of this module's format).
+"Calibration" in partita is this data: how much of the datasheet rates a GPU and a link achieve
+(this module) and the costs beside them (host.py, overheads.py). The numbers fitted end to end to
+measured step times and peaks are "fitted" (partita.fitting writes data/calibration/fitted*.yaml);
+measuring this machine is executor/measure_machine.py (`partita calibrate`, the command name of the
+scenario contract), whose executor/machine_files.py writes an override file of this module's format.
 """
 from __future__ import annotations
 
@@ -36,10 +38,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from partita.planner.documents import Checker, load_document
+from partita.planner.documents import Checker
 from partita.planner.enums import FRAMEWORKS
 from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import CALIBRATION_DIR
+from partita.planner.provenance import load_by_provenance
 from partita.planner.units import GIB
 
 MB = 1e6
@@ -61,6 +64,8 @@ TIER_REQUIRED = ("efficiency", "step_latency_us", "base_latency_us", "half_bandw
 MEMORY_KEYS = ("usable_memory_gib", "cuda_context_gib", "communication_buffers_gib",
                "fragmentation_fraction",
                "framework_buffers_gib", "source", "notes")
+FIT_RECORD_KEYS = ("command", "objective", "rows", "loss")     # beside the numbers of a fitted file
+MEMORY_FILES = (CALIBRATION_DIR / "memory.yaml", CALIBRATION_DIR / "fitted_memory.yaml")
 
 
 @dataclass(frozen=True)
@@ -179,8 +184,7 @@ def local_calibration_path() -> Path:
 
 def load_calibration(extra: str | Path | None = None, *, include_local: bool = True) -> Calibration:
     """Shipped calibration, then the local overlay (if present and asked for), then `extra`."""
-    paths = [CALIBRATION_DIR / "compute.yaml", CALIBRATION_DIR / "network.yaml",
-             CALIBRATION_DIR / "memory.yaml"]
+    paths = [CALIBRATION_DIR / "compute.yaml", CALIBRATION_DIR / "network.yaml", *MEMORY_FILES]
     local = local_calibration_path()
     if include_local and local.is_file():
         paths.append(local)
@@ -198,7 +202,7 @@ def _load(stamps: tuple[tuple[str, int], ...]) -> Calibration:
     merged: dict[str, Any] = {"default": {}, "gpus": {}, "tiers": {}, "memory": {}, "host": {}}
     first_seen: dict[tuple[str, str], str] = {}
     for path, _ in stamps:
-        part = _parse_file(path, shipped_memory=Path(path) == CALIBRATION_DIR / "memory.yaml")
+        part = _parse_file(path, shipped_memory=Path(path) in MEMORY_FILES)
         for section in merged:
             for name, value in part.get(section, {}).items():
                 if isinstance(value, dict) and section in ("gpus", "tiers"):
@@ -225,10 +229,10 @@ def _deep_merge(base: Any, over: Any) -> Any:
 # ---- reading one file into validated, SI, possibly partial values ----
 
 def _parse_file(path: str, shipped_memory: bool) -> dict[str, Any]:
-    doc = load_document(path)
+    doc = load_by_provenance(path)
     top = Checker(doc, "", path)
     if shipped_memory:                      # memory.yaml holds the memory keys at the top level
-        return {"memory": _parse_memory(top)}
+        return {"memory": _parse_memory(top, FIT_RECORD_KEYS)}
     top.only(("default", "gpus", "tiers", "memory", "host", "source", "notes"))
     out: dict[str, Any] = {}
     if top.has("default"):
@@ -315,8 +319,8 @@ def _parse_tier(c: Checker) -> dict[str, Any]:
     return out
 
 
-def _parse_memory(c: Checker) -> dict[str, Any]:
-    c.only(MEMORY_KEYS)
+def _parse_memory(c: Checker, record_keys: tuple[str, ...] = ()) -> dict[str, Any]:
+    c.only(MEMORY_KEYS + record_keys)
     out: dict[str, Any] = {}
     for key, name in (("cuda_context_gib", "cuda_context_bytes"),
                       ("communication_buffers_gib", "communication_buffers_bytes")):

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-from partita.planner.documents import Checker, load_document
+from partita.planner.documents import Checker
 from partita.planner.paths import CALIBRATION_DIR
+from partita.planner.provenance import load_by_provenance
 
 HOST_FILE = CALIBRATION_DIR / "host.yaml"
 KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "launch_us", "launch_blocking_wait_us",
@@ -78,7 +79,7 @@ def forward_kernels(*, decoder: bool, tensor: int, attention: str) -> int:
 
 @lru_cache(maxsize=4)
 def _load(path: str, mtime: int) -> HostCosts:
-    c = Checker(load_document(path), "", path)
+    c = Checker(load_by_provenance(path), "", path)
     c.only(KEYS)
     values = {}
     for key in KEYS[:-1]:

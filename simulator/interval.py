@@ -5,21 +5,21 @@ by `partita validate --cross-validate --write`): every dev row's error predicted
 under a fit that never saw the row's source. The interval is where the measured step would lie
 if the prediction errs as the central 90% of those errors did (5th and 95th percentiles, linear
 interpolation): [prediction / (1 + e95), prediction / (1 + e5)]. The errors are those of the
-prediction's regime (`simulator.crossval.regime`: framework, one node or several) when it holds at
+prediction's regime (`validation.crossval.regime`: framework, one node or several) when it holds at
 least MIN_ROWS rows, else of all rows (`pooled`).
 """
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 from partita.planner.errors import PartitaError
 from partita.planner.paths import VALIDATION_DIR
-from partita.simulator.validation import percentile
 
-RESIDUALS_FILE = VALIDATION_DIR / "crossval.json"     # simulator.crossval writes it
+RESIDUALS_FILE = VALIDATION_DIR / "crossval.json"     # validation.crossval writes it
 
 MIN_ROWS = 8
 COVERAGE = (5.0, 95.0)
@@ -56,6 +56,14 @@ def residuals(path: Path = RESIDUALS_FILE) -> dict[str, list[float]] | None:
     return _errors(str(path), path.stat().st_mtime_ns)
 
 
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default 'linear' method)."""
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
 def step_time_interval(prediction_s: float, regime: str,
                        path: Path = RESIDUALS_FILE) -> Interval | None:
     by = residuals(path)
@@ -70,5 +78,5 @@ def step_time_interval(prediction_s: float, regime: str,
 
 
 def scenario_regime(framework: str, gpus: int, gpus_per_node: int) -> str:
-    """The regime name of `simulator.crossval.regime` for a scenario being simulated."""
+    """The regime name of `validation.crossval.regime` for a scenario being simulated."""
     return f"{framework}/{'one-node' if gpus <= gpus_per_node else 'multi-node'}"

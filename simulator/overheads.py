@@ -27,7 +27,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from partita.planner.documents import Checker, load_document
+from partita.planner.documents import Checker
+from partita.planner.provenance import load_by_provenance as load_document
 from partita.planner.enums import FRAMEWORKS
 from partita.planner.errors import PartitaError
 from partita.planner.paths import CALIBRATION_DIR

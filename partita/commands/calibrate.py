@@ -42,8 +42,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from partita.executor.calibrate import calibrate
-    from partita.executor.calibrate_output import check_writable, write_documents
+    from partita.executor.measure_machine import calibrate
+    from partita.executor.machine_files import check_writable, write_documents
     processes, device = _processes(args.gpus, args.device)
     catalog_path, calibration_path = output_paths(args.out, args.calibration_out)
     check_writable(catalog_path)

@@ -1,4 +1,5 @@
-"""`partita catalog list|show`: the hardware catalog as tables, one entry in full, with sources.
+"""`partita catalog list|show|numbers`: the hardware catalog as tables, one entry in full, with
+sources; and every calibration number that is not a fact (`partita.commands.catalog_numbers`).
 
 Usage:
     partita catalog list                     # systems, then GPUs
@@ -6,6 +7,8 @@ Usage:
     partita catalog list --systems --sagemaker   # also the ml. (SageMaker) names
     partita catalog show p4d.24xlarge        # every number of one entry, with its sources
     partita catalog show h100-80gb --catalog my.yaml
+    partita catalog numbers                  # measured, fitted and chosen numbers, with sources
+    partita catalog numbers --kind chosen --json
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import json
 from typing import Any
 
 from partita.commands import add_catalog_option, catalog_from_args
+from partita.commands.catalog_numbers import register_action as register_numbers
 from partita.planner.units import GB, GBIT, GIB
 
 MEASURED = "*"      # marks a FLOP/s figure that is a measured matmul rate, not a datasheet peak
@@ -37,6 +41,7 @@ def register(subparsers) -> None:
     sp.add_argument("--json", action="store_true", help="print JSON")
     add_catalog_option(sp)
     sp.set_defaults(func=run_show)
+    register_numbers(actions)
 
 
 def run_list(args: argparse.Namespace) -> int:

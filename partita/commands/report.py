@@ -151,7 +151,7 @@ def _memory(args: argparse.Namespace) -> int:
 
 def _validate(args: argparse.Namespace) -> int:
     from partita.reports.validation import validation_report
-    from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
+    from partita.validation.runner import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
     csv, split = args.csv, args.split
     if args.memory:
         csv = csv if csv is not None else MEMORY_CSV

@@ -18,7 +18,7 @@ the errors; exit 1 only on bad input (missing CSV, unknown column, unknown row i
 file).
 
 `--cross-validate` refits the framework numbers once per source with that source's rows left out
-(`simulator.crossval`, the optimiser of benchmarks/fit_overheads.py) and prints each row's error
+(`validation.crossval`, the optimiser of benchmarks/fit_overheads.py) and prints each row's error
 under the fit that did not see its source, then the leave-one-source-out summary (median, p90, max)
 overall and per source; `--write` stores the residuals in data/validation/crossval.json, where the
 prediction intervals and the README check read them.
@@ -71,7 +71,7 @@ def _row_ids(text: str) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
-    from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
+    from partita.validation.runner import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
 
     if args.write and not args.cross_validate:
         print("error: --write needs --cross-validate (it stores the cross-validated residuals)",
@@ -100,8 +100,8 @@ def run(args: argparse.Namespace) -> int:
 def _check_split_ids(split, split_file, csv) -> None:
     """Every fit id of the split must be a row of the CSV (a typo would move a row silently)."""
     from partita.planner.errors import PartitaError
-    from partita.simulator.rowmap import DEFAULT_CSV, read_rows
-    from partita.simulator.validation import DEFAULT_SPLIT
+    from partita.validation.rowmap import DEFAULT_CSV, read_rows
+    from partita.validation.runner import DEFAULT_SPLIT
     ids = {r["id"] for r in read_rows(csv)}
     absent = sorted(split.fit - ids)
     if absent:
@@ -113,8 +113,8 @@ def _check_split_ids(split, split_file, csv) -> None:
 
 def _cross_validate(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
-    from partita.simulator import crossval
-    from partita.simulator.validation import load_split
+    from partita.validation import crossval
+    from partita.validation.runner import load_split
 
     if args.csv is not None or args.rows or args.memory:
         print("error: --cross-validate runs on the dev CSV and its split only "
@@ -135,7 +135,7 @@ def _cross_validate(args: argparse.Namespace) -> int:
 
 def _frozen_test(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
-    from partita.simulator.validation import Split, load_frozen_test, run_validation
+    from partita.validation.runner import Split, load_frozen_test, run_validation
 
     if args.csv is not None or args.rows or args.memory or args.split:
         print("error: --frozen-test runs the rows of data/validation/frozen_test.yaml only "
@@ -200,7 +200,7 @@ def format_report(report, verbose: bool = False) -> str:
 
 
 def _table(report, verbose: bool) -> list[str]:
-    from partita.simulator.validation import plan_text
+    from partita.validation.runner import plan_text
     head = (f"{'id':<11} {'model':<{MODEL_WIDTH}} {'GPUs':>5} {'system':<14} {'plan':<36} "
             f"{'measured s':>10} {'predicted s':>11} {'error %':>8} {'group':<7} assumptions")
     out = [head, "-" * len(head)]
@@ -246,7 +246,7 @@ def _summary_lines(report) -> list[str]:
 
 
 def _skipped_lines(report, verbose: bool) -> list[str]:
-    from partita.simulator.rowcells import SKIP_KINDS
+    from partita.validation.rowcells import SKIP_KINDS
     if not report.skipped:
         return ["Skipped: none"]
     out = [f"Skipped ({len(report.skipped)} rows{'' if verbose else '; --verbose gives each reason'}):"]

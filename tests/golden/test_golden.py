@@ -93,7 +93,7 @@ def shipped_catalog(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def validation_summary(shipped_catalog) -> dict:
-    from partita.simulator.validation import run_validation
+    from partita.validation.runner import run_validation
     report = run_validation(catalog=shipped_catalog)
     return {group: report.summary(group).to_json() for group in SUMMARY_KEYS}
 
@@ -104,7 +104,7 @@ def test_validation_summary_holds(validation_summary, update_golden):
 
 @pytest.fixture(scope="module")
 def memory_summary(shipped_catalog) -> dict:
-    from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
+    from partita.validation.runner import MEMORY_CSV, MEMORY_SPLIT, load_split, run_validation
     report = run_validation(MEMORY_CSV, split=load_split(MEMORY_SPLIT), catalog=shipped_catalog)
     return {group: report.memory_summary(group).to_json() for group in SUMMARY_KEYS}
 

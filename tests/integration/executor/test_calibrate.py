@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from partita.executor.calibrate import MIB, fit_link, threads_per_process
+from partita.executor.measure_machine import MIB, fit_link, threads_per_process
 from partita.cli import main
 from partita.planner.catalog import load_catalog
 from partita.simulator.calibration import load_calibration
@@ -147,7 +147,7 @@ def test_output_that_is_not_yaml_fails_before_measuring(tmp_path, capsys):
 @pytest.mark.slow
 def test_a_broken_local_file_is_replaced_by_a_good_one(calibrated, tmp_path, monkeypatch):
     """Writing loads the new files back before replacing; the old local.yaml plays no part."""
-    from partita.executor.calibrate_output import write_documents
+    from partita.executor.machine_files import write_documents
     monkeypatch.setenv("PARTITA_HOME", str(tmp_path))
     (tmp_path / "local.yaml").write_text("gpus: 3\n")
     write_documents(_calibrated_from(calibrated[1]), tmp_path / "local.yaml",
@@ -156,7 +156,7 @@ def test_a_broken_local_file_is_replaced_by_a_good_one(calibrated, tmp_path, mon
 
 
 def _calibrated_from(report: dict):
-    from partita.executor.calibrate import Calibrated, LinkFit, Machine
+    from partita.executor.measure_machine import Calibrated, LinkFit, Machine
     fields = {k: report[k] for k in Calibrated.__dataclass_fields__}
     fields["machine"] = Machine(**report["machine"])
     fields["link"] = LinkFit(**report["link"])
@@ -175,7 +175,7 @@ def test_memory_curve_never_claims_a_measured_matmul_slower_than_it_ran(calibrat
     """However slow the elementwise kernels measured, the curve written at a measured matmul's size
     lets the roofline move that matmul's bytes within the time the matmul took."""
     import dataclasses
-    from partita.executor.calibrate_output import memory_curve
+    from partita.executor.machine_files import memory_curve
     from partita.simulator.compute import element_bytes
     c = _calibrated_from(calibrated[1])
     slow = dataclasses.replace(c, elementwise=[row[:2] + [t * 50 for t in row[2:]]
@@ -192,7 +192,7 @@ def test_memory_curve_never_claims_a_measured_matmul_slower_than_it_ran(calibrat
 def test_host_dispatch_is_measured_and_read_back_for_local(calibrated):
     """`partita calibrate` measures the host's time to issue one autograd-recorded op and writes it
     to the overlay's `host` section; the simulator reads it for `local` (simulator/host.py)."""
-    from partita.executor.calibrate_output import calibration_document
+    from partita.executor.machine_files import calibration_document
     from partita.simulator.calibration import load_calibration
     home, report = calibrated
     assert 0 < report["op_dispatch_s"] < 1e-2

@@ -16,12 +16,12 @@ from partita.cli import main
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims, preset_dims
 from partita.planner.scenario import parse_scenario
-from partita.simulator import validation
-from partita.simulator.measured import hardware_flops, model_flops
+from partita.validation import runner as validation
+from partita.validation.metrics import hardware_flops, model_flops
 from partita.simulator.result import GIB, SimResult
-from partita.simulator.rowcells import leading_int
-from partita.simulator.rowmap import COLUMNS, MappedRow, SkippedRow, load_rules, map_row, read_rows
-from partita.simulator.validation import load_split, run_validation, summarize
+from partita.validation.rowcells import leading_int
+from partita.validation.rowmap import COLUMNS, MappedRow, SkippedRow, load_rules, map_row, read_rows
+from partita.validation.runner import load_split, run_validation, summarize
 
 STANDIN_FLOPS = 100e12          # the stand-in simulator's FLOP/s per GPU
 
@@ -415,7 +415,7 @@ def test_cli_with_the_real_simulator(capsys):
 def test_a_guessed_parallel_layout_is_not_fully_specified():
     """MLM24-10/11: the CSV guesses TP/PP ('8 (assumed = model table)'); such rows are skipped, not
     scored, since the layout sets most of the step time."""
-    from partita.simulator.rowmap import SkippedRow, load_rules, map_row, read_rows
+    from partita.validation.rowmap import SkippedRow, load_rules, map_row, read_rows
     rules = load_rules()
     rows = {r["id"]: r for r in read_rows()}
     for rid in ("MLM24-10", "MLM24-11"):
@@ -427,7 +427,7 @@ def test_a_guessed_parallel_layout_is_not_fully_specified():
 # --- the published peak-memory runs ------------------------------------------------------------
 
 def test_memory_csv_rows_all_carry_a_peak_and_mostly_map():
-    from partita.simulator.validation import MEMORY_CSV, MEMORY_SPLIT
+    from partita.validation.runner import MEMORY_CSV, MEMORY_SPLIT
     rows = read_rows(MEMORY_CSV)
     assert len(rows) >= 60 and all(float(r["peak_memory_GiB"]) > 0 for r in rows)
     rules = load_rules()
@@ -460,7 +460,7 @@ README = Path(__file__).resolve().parents[3] / "README.md"
 
 def test_readme_quotes_the_stored_leave_one_source_out_figures():
     from partita.commands.validate import loso_line
-    from partita.simulator import crossval
+    from partita.validation import crossval
     stored = crossval.load_residuals()
     assert stored["inputs_sha256"] == crossval.inputs_digest(), (
         "data/validation/crossval.json is stale (its inputs changed); rewrite it with "
@@ -496,11 +496,11 @@ def test_cross_validate_refuses_other_inputs(capsys):
 
 
 def test_fit_recovers_a_fraction_and_gives_unseen_families_the_median():
-    """simulator.fitting.fit on rows whose error depends on the A100 fraction only (a stub
+    """fitting.step_time.fit on rows whose error depends on the A100 fraction only (a stub
     predictor): the fit finds it, and the V100 and H100 fractions, which no row reads, get the
     median of the fitted families, as the simulator gives a family without rows."""
     from types import SimpleNamespace
-    from partita.simulator.fitting import fit
+    from partita.fitting.step_time import fit
 
     class Stub:
         def gpu_family(self, m):

@@ -1,7 +1,7 @@
 """Leave-one-source-out cross-validation of the fitted framework numbers.
 
 For every source (`source_key`) of the dev CSV with a simulable row, `cross_validate()` refits
-`simulator.fitting.PARAMS` on the split's fit rows of the *other* sources, with the same objective
+`fitting.step_time.PARAMS` on the split's fit rows of the *other* sources, with the same objective
 and optimiser as `benchmarks/fit_overheads.py`, and predicts every row of the left-out source with
 that fit. Each row's error is so measured by a fit that never saw its source: the figure that says
 how the simulator does on a source it has not seen. A source without fit rows is predicted by the
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.paths import CALIBRATION_DIR, VALIDATION_DIR
-from partita.simulator.fitting import FitResult, Predictor, fit
+from partita.fitting.step_time import FitResult, Predictor, fit
 from partita.simulator.interval import RESIDUALS_FILE, scenario_regime
-from partita.simulator.rowmap import MappedRow, load_rules, map_row, read_rows
-from partita.simulator.validation import Split, Summary, load_split, summarize
+from partita.validation.rowmap import MappedRow, load_rules, map_row, read_rows
+from partita.validation.runner import Split, Summary, load_split, summarize
 
 # The files whose content the stored residuals depend on (model code aside): if one changes, the
 # residuals are stale and `partita validate --cross-validate --write` must be run again.
@@ -120,10 +120,10 @@ def inputs_digest() -> str:
 
 
 def write_residuals(cv: CrossValidation, path: Path = RESIDUALS_FILE) -> None:
-    doc = {"_what": "leave-one-source-out residuals of the step time (simulator.crossval); "
+    doc = {"_what": "leave-one-source-out residuals of the step time (validation.crossval); "
                     "written by `partita validate --cross-validate --write`",
            "_objective": "per fold: mean pseudo-Huber (delta 0.1) of log(predicted/measured) over "
-                         "the split's fit rows of the other sources (simulator.fitting)"}
+                         "the split's fit rows of the other sources (fitting.step_time)"}
     doc |= cv.to_json()
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 

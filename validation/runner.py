@@ -1,13 +1,12 @@
 """The simulator against published measurements: per-row error and the fit / hold-out summary.
 
-`run_validation()` maps every CSV row to a scenario (`simulator.rowmap`), predicts its step with
+`run_validation()` maps every CSV row to a scenario (`validation.rowmap`), predicts its step with
 `simulator.step.simulate` (imported when called), and compares: error = predicted / measured - 1.
-Rows named in data/validation/split.yaml (`fit:`) are the only ones any calibration may be fitted
+Rows named in data/validation/split.yaml (`fit:`) are the only ones any number may be fitted
 on; all others are hold-out, and the summary reports the two groups apart.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,8 @@ from typing import Any
 from partita.planner.documents import Checker, load_document
 from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import VALIDATION_DIR
-from partita.simulator.rowmap import MappedRow, Rules, SkippedRow, load_rules, map_row, read_rows
+from partita.simulator.interval import percentile
+from partita.validation.rowmap import MappedRow, Rules, SkippedRow, load_rules, map_row, read_rows
 
 DEFAULT_SPLIT = VALIDATION_DIR / "split.yaml"
 MEMORY_CSV = VALIDATION_DIR / "published_memory.csv"      # runs with a published peak memory
@@ -102,14 +102,6 @@ class Report:
             "skipped": [{"id": s.row_id, "model": s.model, "kind": s.kind, "reason": s.reason}
                         for s in self.skipped],
         }
-
-
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default 'linear' method)."""
-    ordered = sorted(values)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def summarize(errors: Iterable[float]) -> Summary:

@@ -4,7 +4,7 @@ N processes (the N of `cluster: {system: local, gpus: N}`) start at once on this
 the CPU threads one of N would get (or one CUDA device each), and run executor.microbench: matmul
 rates by size and precision, copy bandwidth by size, a GPT block's elementwise kernels by size,
 attention, the smallest op's time, a send/recv ping-pong and an all-reduce by message size. From
-these executor/calibrate_output.py writes two documents:
+these executor/machine_files.py writes two documents:
 
 - the catalog entry (planner/catalog.py's format): GPU `local-cpu` (or `local-cuda`) with the
   measured matmul rate as its peak (`measured_matmul_tflops`), copy bandwidth, memory per

@@ -4,7 +4,7 @@
 measurements in the same columns work the same way). `map_row(row, rules)` turns one row into a
 scenario document plus the measured seconds per step, or says why the row cannot be simulated
 (a TPU, a CNN, a speed-up ratio, degrees not stated, ...). Cell parsing lives in
-`simulator.rowcells`; what a row leaves unsaid comes from data/validation/rowmap.yaml (`Rules`).
+`validation.rowcells`; what a row leaves unsaid comes from data/validation/rowmap.yaml (`Rules`).
 """
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from partita.planner.enums import FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES
 from partita.planner.errors import PartitaError, closest
 from partita.planner.paths import VALIDATION_DIR
 from partita.planner.scenario import Scenario, parse_scenario
-from partita.simulator import rowcells as cells
-from partita.simulator.measured import CONVENTIONS, Unconvertible, step_time_from_metric
-from partita.simulator.rowcells import Skip
+from partita.validation import rowcells as cells
+from partita.validation.metrics import CONVENTIONS, Unconvertible, step_time_from_metric
+from partita.validation.rowcells import Skip
 
 DEFAULT_CSV = VALIDATION_DIR / "published_dev.csv"
 DEFAULT_RULES = VALIDATION_DIR / "rowmap.yaml"

@@ -6,7 +6,7 @@ linear beyond DELTA, so rows the physics does not cover pull the shared numbers 
 loss would. Minimised by scipy's bounded trust-region least squares with the soft-L1 loss (the same
 pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 1.0, every cost 0).
 `benchmarks/fit_overheads.py` runs it on the split's fit rows and stores the result; the
-leave-one-source-out check (`simulator.crossval`) runs the same function once per left-out source.
+leave-one-source-out check (`validation.crossval`) runs the same function once per left-out source.
 
 The fitted parameters are `PARAMS`; every other number the simulator reads is measured or published
 and is read from the file as it stands. A row only reads the parameters of its GPU family,
@@ -19,13 +19,17 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from scipy.optimize import least_squares
 
+from partita.fitting.writer import FittedFile, write_fitted_file
 from partita.planner.errors import PartitaError
-from partita.simulator.overheads import Overheads, load_overheads
-from partita.simulator.rowmap import MappedRow
+from partita.simulator.overheads import FITTED_FILE, Overheads, load_overheads
+
+if TYPE_CHECKING:        # the rows come from partita.validation, which imports this package
+    from partita.validation.rowmap import MappedRow
 
 DELTA = 0.1
 FAMILIES = ("v100", "a100", "h100")
@@ -152,32 +156,33 @@ def fit(rows: Sequence[MappedRow], catalog, *, predictor: Predictor | None = Non
                      rows=tuple(m.row_id for m in rows), evaluations=int(res.nfev), loss=loss)
 
 
-def write_fitted(result: FitResult, path=None):
-    """Store a fit in data/calibration/fitted.yaml with the rows, objective and command."""
-    from partita.simulator.overheads import FITTED_FILE
-    path = path if path is not None else FITTED_FILE
+def fitted_file(result: FitResult) -> FittedFile:
+    """What data/calibration/fitted.yaml holds for a fit: the values with the rows, objective and
+    command behind them."""
     v = result.values
-    fam = {f: v[f"sustained_matmul_fraction.{f}"] for f in FAMILIES}
-    lines = [
-        "# FITTED numbers only (facts are in training.yaml, host.yaml, compute.yaml, network.yaml).",
-        "# Written by the command below; do not edit by hand. Re-run it when the model changes.",
-        'command: "python benchmarks/fit_overheads.py --write"',
-        f'objective: "{OBJECTIVE}"',
-        f"rows: [{', '.join(result.rows)}]",
-        f"loss: {result.loss:.6f}",
-        "sustained_matmul_fraction:       # in-training matmul throughput / best-shape sweep, per "
-        "GPU family",
-        f"  default: {float(np.median(list(fam.values()))):.3f}   # the median, for families "
-        "without rows",
-        *[f"  {f}: {fam[f]:.3f}" for f in FAMILIES],
-        f"  h200: {fam['h100']:.3f}                   # = h100: the same GH100 chip and clocks",
-        "zero3_collective_fraction:       # ZeRO-3 gathers/scatters: fraction of modelled bandwidth",
-        f"  deepspeed: {v['zero3_collective_fraction.deepspeed']:.3f}",
-    ]
-    Path(path).write_text("\n".join(lines) + "\n")
-    return path
+    fam = {f: round(v[f"sustained_matmul_fraction.{f}"], 3) for f in FAMILIES}
+    sustained = {"default": round(float(np.median(list(fam.values()))), 3), **fam,
+                 "h200": fam["h100"]}
+    return FittedFile(
+        title="The framework numbers fitted to measured step times (fitting/step_time.py); "
+              "facts are in training.yaml, host.yaml, compute.yaml, network.yaml.",
+        command=COMMAND, objective=OBJECTIVE, rows=result.rows, loss=round(result.loss, 6),
+        values={"sustained_matmul_fraction": sustained,
+                "zero3_collective_fraction": {
+                    "deepspeed": round(v["zero3_collective_fraction.deepspeed"], 3)}},
+        notes=("sustained_matmul_fraction: in-training matmul throughput / best-shape sweep, per "
+               "GPU family; default: the median, for families without rows; h200 = h100 (the same "
+               "GH100 chip and clocks).",
+               "zero3_collective_fraction: ZeRO-3 gathers and scatters, fraction of the modelled "
+               "bandwidth, per framework."))
 
 
+def write_fitted(result: FitResult, path: str | Path | None = None) -> Path:
+    """Store a fit in data/calibration/fitted.yaml (fitting/writer.py)."""
+    return write_fitted_file(path if path is not None else FITTED_FILE, fitted_file(result))
+
+
+COMMAND = "python benchmarks/fit_overheads.py --write"
 OBJECTIVE = ("mean pseudo-Huber (delta 0.1) of log(predicted / measured) step time over the rows "
              "below; scipy least_squares (trf, soft_l1, f_scale 0.1) from every fraction 1.0 "
-             "(simulator/fitting.py)")
+             "(fitting/step_time.py)")

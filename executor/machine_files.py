@@ -1,4 +1,4 @@
-"""The two files `partita calibrate` writes from its measurements (executor.calibrate.Calibrated).
+"""The two files `partita calibrate` writes from its measurements (executor.measure_machine.Calibrated).
 
 - The catalog entry, in planner/catalog.py's format: GPU `local-cpu` / `local-cuda` and system
   `local` ($PARTITA_HOME/local.yaml).
@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from partita.executor.calibrate import GIB, MIB, Calibrated
+from partita.executor.measure_machine import GIB, MIB, Calibrated
 from partita.planner.errors import PartitaError
 
 MAX_EFFICIENCY = 1.5      # simulator/calibration.py rejects efficiencies above this

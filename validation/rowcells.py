@@ -14,7 +14,7 @@ from partita.planner.errors import PartitaError
 from partita.planner.modelspec import preset_dims, preset_names
 
 if TYPE_CHECKING:
-    from partita.simulator.rowmap import Rules
+    from partita.validation.rowmap import Rules
 
 SKIP_KINDS = {
     "excluded": "excluded in rowmap.yaml",
