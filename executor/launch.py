@@ -52,6 +52,7 @@ class Job:
     save_weights: str | None = None
     predicted_step_time_s: float | None = None
     predicted_memory_bytes: list[int] | None = None   # the simulator's, per pipeline stage (rank)
+    host_load: dict | None = None  # this machine's load before launch (executor/hostload.py)
     error_dir: str = ""
 
     def to_json(self) -> str:

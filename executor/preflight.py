@@ -15,6 +15,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from partita.executor.hostload import host_load, load_warning
 from partita.executor.launch import Job, Rendezvous
 from partita.executor.plan import ExecPlan, execution_plan
 from partita.planner.catalog import load_catalog
@@ -69,15 +70,18 @@ def prepare_run(request: RunRequest) -> PreparedRun:
     check_outputs(request, out)
     check_checkpoints(request, scenario)
     predicted, note, predicted_memory = predict(scenario, request.catalog)
+    load = host_load() if request.backend == "gloo" else None     # CPU processes share its cores
+    busy = load_warning(load, nproc, "this run")
     job = Job(scenario=str(path.resolve()), world=gpus, steps=request.steps,
               backend=request.backend, seed=request.seed, lr=request.lr,
               data=str(Path(request.data).resolve()) if request.data else None,
               out_dir=str(out), checkpoint_dir=request.checkpoint_dir,
               checkpoint_every=request.checkpoint_every or 0, resume=request.resume,
               save_weights=request.save_weights, predicted_step_time_s=predicted,
-              predicted_memory_bytes=predicted_memory)
+              predicted_memory_bytes=predicted_memory,
+              host_load=load.to_dict() if load is not None else None)
     return PreparedRun(job=job, nproc=nproc, rendezvous=rdzv, out=out,
-                       notes=tuple(plan.notes() + ([note] if note else [])))
+                       notes=tuple(plan.notes() + [n for n in (note, busy) if n]))
 
 
 def placement(scenario: Scenario, request: RunRequest) -> tuple[int, int, Rendezvous]:

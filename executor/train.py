@@ -224,7 +224,7 @@ def _finish(run: RankRun, records: list, losses: list[float], weights) -> None:
         "steps": list(summary.steps), "step_times_s": list(summary.step_times_s),
         "median_step_time_s": summary.median_step_time_s, "warmup_steps": summary.warmup_steps,
         "tokens_per_s": summary.tokens_per_s, "tokens_per_step": run.plan.tokens_per_step,
-        "predicted_step_time_s": run.job.predicted_step_time_s,
+        "predicted_step_time_s": run.job.predicted_step_time_s, "host_load": run.job.host_load,
         "losses": list(summary.losses), "final_loss": summary.losses[-1] if summary.losses else None,
         "peak_memory_bytes": list(summary.peak_memory_bytes), "seed": run.job.seed,
         "lr": run.job.lr, "data": run.job.data or "synthetic", "torch": torch.__version__,

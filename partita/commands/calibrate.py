@@ -48,6 +48,10 @@ def run(args: argparse.Namespace) -> int:
     catalog_path, calibration_path = output_paths(args.out, args.calibration_out)
     check_writable(catalog_path)
     check_writable(calibration_path)
+    from partita.executor.hostload import host_load, load_warning
+    busy = load_warning(host_load(), processes, "the calibration")
+    if busy:
+        print(f"note: {busy}: the measured host costs will be too large", file=sys.stderr)
     start = time.perf_counter()
     result = calibrate(processes, quick=args.quick, device=device)
     elapsed = time.perf_counter() - start

@@ -118,7 +118,8 @@ def format_table(r: dict) -> str:
     from partita.executor.measure import format_memory
     p = r["plan"]
     lines = [f"{r['scenario']}: {r['world']} processes ({r['backend']}, {r['device']})  "
-             f"TP {p['tensor']} x PP {p['pipeline']} x DP {p['data']}, {p['schedule']}"
+             f"TP {p['tensor']} x PP {p['pipeline']} x CP {p.get('context', 1)} x DP {p['data']}, "
+             f"{p['schedule']}"
              + (f" (v={p['virtual_stages']})" if p["virtual_stages"] > 1 else "")
              + (f", ZeRO-{p['zero']}" if p["zero"] else "")
              + f", {p['microbatches']} micro-batches of {p['micro_batch']}",

@@ -154,7 +154,7 @@ def _frozen_test(args: argparse.Namespace) -> int:
 
 
 def frozen_line(s) -> str:
-    """The frozen test set's line (README quotes it; tests/test_validation.py checks it)."""
+    """The frozen test set's line (README quotes it; tests/unit/validation/test_validation.py checks it)."""
     return (f"Frozen test ({s.count} rows): median {s.median_pct:.1f}%, p90 {s.p90_pct:.1f}%, "
             f"max {s.max_pct:.1f}%, bias {s.bias_pct:+.1f}%")
 
@@ -178,7 +178,7 @@ def format_cross_validation(cv) -> str:
 
 
 def loso_line(s) -> str:
-    """The one line README's accuracy section quotes (tests/test_validation.py checks it)."""
+    """The one line README's accuracy section quotes (tests/unit/validation/test_validation.py checks it)."""
     return (f"Leave-one-source-out ({s.count} rows): median {s.median_pct:.1f}%, "
             f"p90 {s.p90_pct:.1f}%, max {s.max_pct:.1f}%, bias {s.bias_pct:+.1f}%")
 
