@@ -118,19 +118,31 @@ def _windows(times: list[float], k: int, upper: float | None) -> tuple[list[int]
 
 
 def _build(problem: PartitionProblem, pulp, upper: float | None = None):
-    g, p, k = problem.graph, problem.stages, problem.chunks
-    n = len(g.layers)
-    cut = g.cut_bytes()
+    """The ILP: assignment variables, chunk order, the max rank time T and memory M (GiB)."""
     model = pulp.LpProblem("partition", pulp.LpMinimize)
     var = getattr(model, "add_variable", None) or pulp.LpVariable     # PuLP >= 3.3 / older
-    # y[i][c] for c < k-1 (chunk k-1 is the last: y = 1 there for every layer). With an upper
-    # bound U on the optimum no chunk computes more than U, so boundary c lies between the
-    # furthest point k-1-c chunks of at most U can reach back from the end and the furthest
-    # point c+1 such chunks reach from the start: outside that window y is fixed.
-    times = [layer.time_s for layer in g.layers]
+    y = _assignment(problem, var, upper)
+    _add_chunk_order(model, pulp, problem, y)
+    T = var("max_rank_time_s", lowBound=0, upBound=upper)
+    M = var("max_rank_memory_gib", lowBound=0)
+    sends = _boundary_sends(problem, pulp, y)
+    apart = _ties_apart(model, var, problem, y)
+    time_r, mem_r = _rank_terms(problem, pulp, y, sends)
+    _add_tie_copies(model, var, pulp, problem, y, apart, time_r, mem_r)
+    _add_limits(model, pulp, problem, y, sends, time_r, mem_r, T, M)
+    return model, y, T, M
+
+
+def _assignment(problem: PartitionProblem, var, upper: float | None) -> list[list]:
+    """y[i][c] for c < k-1 (chunk k-1 is the last: y = 1 there for every layer). With an upper
+    bound U on the optimum no chunk computes more than U, so boundary c lies between the furthest
+    point k-1-c chunks of at most U can reach back from the end and the furthest point c+1 such
+    chunks reach from the start: outside that window y is fixed."""
+    k = problem.chunks
+    times = [layer.time_s for layer in problem.graph.layers]
     first, last = _windows(times, k, upper)
     y = []
-    for i in range(n):
+    for i in range(len(times)):
         row = []
         for c in range(k - 1):
             lo = 1 if i < first[c] else 0        # layer i must be in a chunk <= c
@@ -139,15 +151,24 @@ def _build(problem: PartitionProblem, pulp, upper: float | None = None):
                 lo, hi = 0, 1
             row.append(var(f"y_{i}_{c}", lowBound=lo, upBound=hi, cat="Integer"))
         y.append(row)
+    return y
 
-    def Y(i, c):
-        if c < 0:
-            return 0
-        return 1 if c >= k - 1 else y[i][c]
 
-    def X(i, c):
-        return Y(i, c) - Y(i, c - 1)
+def _upto(y, k: int, i: int, c: int):
+    """y[i,c] with its fixed ends: 0 before the first chunk, 1 from the last chunk on."""
+    if c < 0:
+        return 0
+    return 1 if c >= k - 1 else y[i][c]
 
+
+def _in(y, k: int, i: int, c: int):
+    """x[i,c] = y[i,c] - y[i,c-1]: layer i is in chunk c."""
+    return _upto(y, k, i, c) - _upto(y, k, i, c - 1)
+
+
+def _add_chunk_order(model, pulp, problem: PartitionProblem, y) -> None:
+    """Chunks are contiguous, in order and not empty."""
+    n, k = len(problem.graph.layers), problem.chunks
     for i in range(n):
         for c in range(1, k - 1):
             model += y[i][c] >= y[i][c - 1], f"monotone_{i}_{c}"
@@ -160,54 +181,79 @@ def _build(problem: PartitionProblem, pulp, upper: float | None = None):
         model += y[c][c] == 1, f"chunk_{c}_reaches_layer_{c}"
         model += y[n - (k - 1 - c)][c] == 0, f"chunks_after_{c}_keep_{k - 1 - c}_layers"
     for c in range(k):
-        model += pulp.lpSum(X(i, c) for i in range(n)) >= 1, f"chunk_{c}_not_empty"
-    T = var("max_rank_time_s", lowBound=0, upBound=upper)
-    M = var("max_rank_memory_gib", lowBound=0)
-    # Per-boundary seconds: sum over the layer it follows of z[i,c] * link(cut[i]).
-    # z[i,c] = y[i,c] - y[i+1,c] is 1 for exactly one i per boundary c < k-1.
-    sends = [pulp.lpSum(send_s(problem, cut[i]) * (y[i][c] - y[i + 1][c]) for i in range(n - 1))
-             for c in range(k - 1)]
-    sep = []
-    for t_i, t in enumerate(g.ties):
+        model += pulp.lpSum(_in(y, k, i, c) for i in range(n)) >= 1, f"chunk_{c}_not_empty"
+
+
+def _boundary_sends(problem: PartitionProblem, pulp, y) -> list:
+    """Per-boundary seconds: sum over the layer it follows of z[i,c] * link(cut[i]).
+    z[i,c] = y[i,c] - y[i+1,c] is 1 for exactly one i per boundary c < k-1."""
+    n, cut = len(problem.graph.layers), problem.graph.cut_bytes()
+    return [pulp.lpSum(send_s(problem, cut[i]) * (y[i][c] - y[i + 1][c]) for i in range(n - 1))
+            for c in range(problem.chunks - 1)]
+
+
+def _ties_apart(model, var, problem: PartitionProblem, y) -> list:
+    """Per tie, a 0/1 variable that is 1 when some boundary lies between its two layers ..."""
+    k = problem.chunks
+    apart = []
+    for t_i, t in enumerate(problem.graph.ties):
         s = var(f"tie_{t_i}_apart", lowBound=0, upBound=1, cat="Integer")
-        if p > 1:
-            for c in range(k - 1):      # apart if some boundary lies between them ...
-                model += s >= Y(t.first, c) - Y(t.second, c), f"tie_{t_i}_apart_at_{c}"
-        sep.append(s)
-    time_r = [[] for _ in range(p)]
-    mem_r = [[] for _ in range(p)]
-    fixed = [f / GIB for f in rank_fixed_bytes(problem)]
-    for c in range(k):
-        r = c % p
-        time_r[r].append(pulp.lpSum(g.layers[i].time_s * X(i, c) for i in range(n)))
-        if c < k - 1:
-            time_r[r].append(sends[c])
-        if c > 0:
-            time_r[r].append(sends[c - 1])
-        mem_r[r].append(pulp.lpSum((g.layers[i].state_bytes + problem.inflight[c]
-                                    * g.layers[i].activation_bytes) / GIB * X(i, c)
-                                   for i in range(n)))
-    for t_i, t in enumerate(g.ties):     # ... and then the second's rank holds the copy
-        if p == 1:
-            break
+        if problem.stages > 1:
+            for c in range(k - 1):
+                model += (s >= _upto(y, k, t.first, c) - _upto(y, k, t.second, c),
+                          f"tie_{t_i}_apart_at_{c}")
+        apart.append(s)
+    return apart
+
+
+def _add_tie_copies(model, var, pulp, problem: PartitionProblem, y, apart, time_r, mem_r) -> None:
+    """... and then the second layer's rank holds the copy and runs its gradient sync."""
+    p, k = problem.stages, problem.chunks
+    if p == 1:
+        return
+    for t_i, t in enumerate(problem.graph.ties):
         for r in range(p):
             on_r = var(f"tie_{t_i}_copy_on_rank_{r}", lowBound=0)
-            second_here = pulp.lpSum(X(t.second, c) for c in range(r, k, p))
-            model += on_r >= sep[t_i] + second_here - 1, f"tie_{t_i}_copy_rank_{r}"
+            second_here = pulp.lpSum(_in(y, k, t.second, c) for c in range(r, k, p))
+            model += on_r >= apart[t_i] + second_here - 1, f"tie_{t_i}_copy_rank_{r}"
             mem_r[r].append(t.state_bytes / GIB * on_r)
             time_r[r].append(t.sync_s * on_r)
+
+
+def _chunk_time(problem: PartitionProblem, pulp, y, sends, c: int) -> list:
+    """Chunk c's seconds: its layers and the sends across the boundaries on both its sides."""
+    g, k = problem.graph, problem.chunks
+    terms = [pulp.lpSum(g.layers[i].time_s * _in(y, k, i, c) for i in range(len(g.layers)))]
+    terms += [sends[c]] if c < k - 1 else []
+    terms += [sends[c - 1]] if c > 0 else []
+    return terms
+
+
+def _rank_terms(problem: PartitionProblem, pulp, y, sends) -> tuple[list[list], list[list]]:
+    """Per rank, the terms of its time (seconds) and of its layers' memory (GiB)."""
+    g, p, k = problem.graph, problem.stages, problem.chunks
+    time_r: list[list] = [[] for _ in range(p)]
+    mem_r: list[list] = [[] for _ in range(p)]
+    for c in range(k):
+        time_r[c % p] += _chunk_time(problem, pulp, y, sends, c)
+        mem_r[c % p].append(pulp.lpSum((g.layers[i].state_bytes + problem.inflight[c]
+                                        * g.layers[i].activation_bytes) / GIB * _in(y, k, i, c)
+                                       for i in range(len(g.layers))))
+    return time_r, mem_r
+
+
+def _add_limits(model, pulp, problem: PartitionProblem, y, sends, time_r, mem_r, T, M) -> None:
+    """T bounds every chunk's time with virtual stages, else every rank's; M bounds every rank's
+    memory, and every rank fits the capacity."""
+    for c in range(problem.chunks if problem.virtual_stages > 1 else 0):
+        model += pulp.lpSum(_chunk_time(problem, pulp, y, sends, c)) <= T, f"chunk_{c}_time"
+    fixed = [f / GIB for f in rank_fixed_bytes(problem)]
     cap = problem.capacity_bytes / GIB
-    for c in range(k if problem.virtual_stages > 1 else 0):
-        chunk_t = [pulp.lpSum(g.layers[i].time_s * X(i, c) for i in range(n))]
-        chunk_t += [sends[c]] if c < k - 1 else []
-        chunk_t += [sends[c - 1]] if c > 0 else []
-        model += pulp.lpSum(chunk_t) <= T, f"chunk_{c}_time"
-    for r in range(p):
+    for r in range(problem.stages):
         if problem.virtual_stages == 1:
             model += pulp.lpSum(time_r[r]) <= T, f"rank_{r}_time"
         model += pulp.lpSum(mem_r[r]) + fixed[r] <= M, f"rank_{r}_memory"
         model += pulp.lpSum(mem_r[r]) + fixed[r] <= cap, f"rank_{r}_memory_fits"
-    return model, y, T, M
 
 
 def _ranges(problem: PartitionProblem, y) -> tuple[tuple[int, int], ...]:
