@@ -102,7 +102,8 @@ def bench_gpt3(budget_s: float = 50.0) -> None:
 
 
 def bench_published(budget_s: float = 8.0, limit: int | None = None) -> None:
-    from partita.validation.rowmap import MappedRow, load_rules, map_row, read_rows
+    from partita.validation.rowmap import MappedRow, map_row, read_rows
+    from partita.validation.rowrules import load_rules
     rules = load_rules()
     rows = [m for m in (map_row(r, rules) for r in read_rows()) if isinstance(m, MappedRow)]
     seen, pairs, worse, failed = set(), 0, [], 0

@@ -20,7 +20,8 @@ from partita.fitting import memory  # noqa: E402
 from partita.fitting.writer import write_fitted_file  # noqa: E402
 from partita.planner.catalog import load_catalog  # noqa: E402
 from partita.simulator.calibration import load_calibration  # noqa: E402
-from partita.validation.rowmap import MappedRow, load_rules, map_row, read_rows  # noqa: E402
+from partita.validation.rowmap import MappedRow, map_row, read_rows  # noqa: E402
+from partita.validation.rowrules import load_rules  # noqa: E402
 from partita.validation.runner import MEMORY_CSV, MEMORY_SPLIT, load_split, summarize  # noqa: E402
 
 

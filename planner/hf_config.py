@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from partita.planner.dims import TransformerDims
 from partita.planner.documents import Checker
 from partita.planner.errors import PartitaError, closest, unknown_name
-from partita.planner.modelspec import TransformerDims
 
 WHERE = "model.hf_config"
 

@@ -12,6 +12,7 @@ import sys
 from functools import lru_cache
 
 from partita.planner.errors import PartitaError
+from partita.planner.partition_dp import infeasible
 
 
 @lru_cache(maxsize=1)
@@ -54,8 +55,7 @@ def run_solver(model, problem, pulp) -> tuple[str, str, float]:
     status = pulp.LpStatus[model.status]
     sol = model.sol_status
     if status == "Infeasible" or sol == pulp.LpSolutionInfeasible:
-        from partita.planner.partition import _infeasible
-        raise _infeasible(problem)
+        raise infeasible(problem)
     if sol not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
         raise PartitaError(f"partition: {name} found no split within {problem.time_limit_s:g} s "
                            f"(status {status}); allow more time or fewer chunks")

@@ -1,4 +1,4 @@
-"""A transformer's pipeline layers as a `partition.LayerGraph`, and the partition problem of a plan.
+"""A transformer's pipeline layers as a `partition_problem.LayerGraph`, and the partition problem of a plan.
 
 Nodes are the transformer blocks in `parallel.stages` numbering (t5: encoder 0..L-1, then decoder);
 the embedding is folded into block 0 and the final norm, LM head and loss into the last block, as
@@ -19,7 +19,7 @@ from functools import lru_cache
 from partita.planner import inventory
 from partita.planner.costmodel import analytic_profile, element_bytes
 from partita.planner.modelspec import TransformerDims
-from partita.planner.partition import Layer, LayerGraph, PartitionProblem, Tie
+from partita.planner.partition_problem import Layer, LayerGraph, PartitionProblem, Tie
 from partita.planner.paths import CALIBRATION_DIR
 from partita.planner.profile import ModelProfile
 from partita.planner.provenance import load_by_provenance

@@ -1,75 +1,22 @@
 """What model a scenario trains: transformer dimensions, named presets, HF configs, import paths.
 
-`ModelSpec` is the scenario's `model:` section as written. `TransformerDims` is the resolved shape
-of a gpt / llama / bert / t5 transformer, which the analytic cost model, the torch modules and the
-simulator all read. A `module:` model has no dims; only the torch profiler can cost it.
+`ModelSpec` is the scenario's `model:` section as written; `resolve()` turns it into the
+`TransformerDims` (planner/dims.py) of a gpt / llama / bert / t5 transformer, from explicit dims, a
+named preset or a Hugging Face config (planner/hf_config.py). A `module:` model has no dims; only
+the torch profiler can cost it.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
 import yaml
 
-from partita.planner.enums import ARCHS
+from partita.planner.dims import TransformerDims
 from partita.planner.errors import PartitaError, unknown_name
+from partita.planner.hf_config import dims_from_hf_config
 from partita.planner.paths import MODELS_DIR
-
-
-@dataclass(frozen=True)
-class TransformerDims:
-    """Shape of a transformer language model. `layers` are encoder layers for t5."""
-
-    arch: str
-    layers: int
-    hidden: int
-    heads: int
-    seq_len: int
-    vocab: int
-    kv_heads: int = 0            # 0 -> heads
-    ffn_hidden: int = 0          # 0 -> 4 * hidden (gpt, bert, t5)
-    head_dim: int = 0            # 0 -> hidden // heads
-    decoder_layers: int = 0      # t5 only; 0 -> layers
-    max_positions: int = 0       # learned position table (gpt, bert); 0 -> seq_len
-    tie_embeddings: bool | None = None   # None -> arch default (untied for llama only)
-    type_vocab: int = 2          # bert token-type embeddings
-    name: str = ""
-
-    def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise PartitaError(f"model.arch: expected one of {', '.join(ARCHS)}, got {self.arch!r}")
-        set_ = object.__setattr__
-        if not self.kv_heads:
-            set_(self, "kv_heads", self.heads)
-        if not self.head_dim:
-            if self.hidden % self.heads:
-                raise PartitaError(f"model.hidden ({self.hidden}) must be divisible by "
-                                   f"model.heads ({self.heads})")
-            set_(self, "head_dim", self.hidden // self.heads)
-        if not self.ffn_hidden:
-            if self.arch == "llama":
-                raise PartitaError("model.ffn_hidden: required for arch llama")
-            set_(self, "ffn_hidden", 4 * self.hidden)
-        if self.arch == "t5" and not self.decoder_layers:
-            set_(self, "decoder_layers", self.layers)
-        if self.arch != "t5" and self.decoder_layers:
-            raise PartitaError(f"model.decoder_layers: only for arch t5, got arch {self.arch}")
-        if not self.max_positions:
-            set_(self, "max_positions", self.seq_len)
-        if self.tie_embeddings is None:
-            set_(self, "tie_embeddings", self.arch != "llama")
-        if self.heads % self.kv_heads:
-            raise PartitaError(f"model.heads ({self.heads}) must be divisible by "
-                               f"model.kv_heads ({self.kv_heads})")
-
-    @property
-    def total_layers(self) -> int:
-        """Transformer blocks in the whole model (encoder + decoder for t5)."""
-        return self.layers + self.decoder_layers
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -98,7 +45,6 @@ class ModelSpec:
         if self.preset is not None:
             dims = preset_dims(self.preset)
         elif self.hf_config is not None:
-            from partita.planner.hf_config import dims_from_hf_config
             dims = dims_from_hf_config(self.hf_config)
         else:
             return None

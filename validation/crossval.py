@@ -24,7 +24,8 @@ from typing import Any
 from partita.planner.paths import CALIBRATION_DIR, VALIDATION_DIR
 from partita.fitting.step_time import FitResult, Predictor, fit
 from partita.simulator.interval import RESIDUALS_FILE, scenario_regime
-from partita.validation.rowmap import MappedRow, load_rules, map_row, read_rows
+from partita.validation.rowmap import MappedRow, map_row, read_rows
+from partita.validation.rowrules import load_rules
 from partita.validation.runner import Split, Summary, load_split, summarize
 
 # The files whose content the stored residuals depend on (model code aside): if one changes, the

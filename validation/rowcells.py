@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import math
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import preset_dims, preset_names
-
-if TYPE_CHECKING:
-    from partita.validation.rowmap import Rules
+from partita.validation.rowrules import Rules
 
 SKIP_KINDS = {
     "excluded": "excluded in rowmap.yaml",
@@ -74,7 +72,7 @@ def optional_number(row: dict[str, str], col: str) -> float | None:
     return value
 
 
-def check_simulable(row: dict[str, str], rules: "Rules") -> None:
+def check_simulable(row: dict[str, str], rules: Rules) -> None:
     """Reject rows that are not a GPU transformer training run before reading their details."""
     excluded = rules.setting(row, "exclude")
     if excluded is not None and excluded[0]:
@@ -198,7 +196,7 @@ def _vocab(row: dict[str, str], tp: int, notes: list[str]) -> int:
     raise Skip("incomplete", f"vocab {text or 'not stated'!r}")
 
 
-def system(row: dict[str, str], rules: "Rules", notes: list[str]) -> tuple[str, dict[str, Any]]:
+def system(row: dict[str, str], rules: Rules, notes: list[str]) -> tuple[str, dict[str, Any]]:
     """The catalog system for the row's GPU (its node layout comes from the catalog), and the
     cluster what-if `inter_node_gbps` where the row states a different network."""
     name = _system_name(row, rules, notes)
@@ -211,7 +209,7 @@ def system(row: dict[str, str], rules: "Rules", notes: list[str]) -> tuple[str, 
     return name, extra
 
 
-def _system_name(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
+def _system_name(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
     gpu = row["gpu"]
     low = gpu.lower()
     instance = re.search(r"\b(?:ml\.)?([pg]\d\w*\.\d*xlarge)\b", low)
@@ -231,7 +229,7 @@ def _system_name(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
     raise Skip("hardware", f"GPU {gpu!r} has no system in the catalog")
 
 
-def _gpu_memory_gb(row: dict[str, str], rules: "Rules", notes: list[str]) -> float:
+def _gpu_memory_gb(row: dict[str, str], rules: Rules, notes: list[str]) -> float:
     text = row["gpu_mem_GB"]
     if not missing(text):
         try:
@@ -279,7 +277,7 @@ def global_batch(row: dict[str, str], dp: int, seq_len: int, notes: list[str]) -
     raise Skip("incomplete", f"global batch {text or 'not stated'!r}")
 
 
-def micro_batch(row: dict[str, str], rules: "Rules", notes: list[str]) -> int:
+def micro_batch(row: dict[str, str], rules: Rules, notes: list[str]) -> int:
     value, _ = leading_int(row["micro_batch"])
     if value is not None:
         return value
@@ -290,7 +288,7 @@ def micro_batch(row: dict[str, str], rules: "Rules", notes: list[str]) -> int:
     return int(value)
 
 
-def precision(row: dict[str, str], rules: "Rules", system_name: str, notes: list[str]) -> str:
+def precision(row: dict[str, str], rules: Rules, system_name: str, notes: list[str]) -> str:
     text = row["precision"].lower()
     if "fp8" in text:
         return "fp8"
@@ -308,7 +306,7 @@ def precision(row: dict[str, str], rules: "Rules", system_name: str, notes: list
     return chosen
 
 
-def framework(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
+def framework(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
     """The training framework the row names (DeepSpeed, FSDP), else the source's rule, else Megatron-LM."""
     text = " ".join(row.get(k, "") for k in ("other_parallelism", "source", "notes")).lower()
     if "deepspeed" in text:
@@ -322,7 +320,7 @@ def framework(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
     return chosen
 
 
-def recompute(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
+def recompute(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
     text = row["recompute"].lower().strip()
     found = None
     if text.startswith(("no", "none")) and not text.startswith("not"):
@@ -342,7 +340,7 @@ def recompute(row: dict[str, str], rules: "Rules", notes: list[str]) -> str:
     return chosen
 
 
-def parallel_section(row: dict[str, str], rules: "Rules", plan: tuple[int, int, int, int],
+def parallel_section(row: dict[str, str], rules: Rules, plan: tuple[int, int, int, int],
                      model: dict[str, Any], microbatches: int, notes: list[str]) -> dict[str, Any]:
     """The scenario's `parallel:` section from the degrees and the other_parallelism text."""
     tp, pp, dp, cp = plan
@@ -364,7 +362,7 @@ def parallel_section(row: dict[str, str], rules: "Rules", plan: tuple[int, int, 
     return out
 
 
-def zero_stage(row: dict[str, str], rules: "Rules", notes: list[str]) -> int:
+def zero_stage(row: dict[str, str], rules: Rules, notes: list[str]) -> int:
     """ZeRO stage from 'ZeRO-1', 'FSDP FULL_SHARD' (3), 'SHARD_GRAD_OP' (2), 'ZeRO stage 2', ..."""
     text = row["other_parallelism"].lower()
     if "shard_grad_op" in text:
@@ -387,7 +385,7 @@ def zero_stage(row: dict[str, str], rules: "Rules", notes: list[str]) -> int:
     return int(value) if value is not None else 0
 
 
-def _schedule(row: dict[str, str], rules: "Rules", pp: int, microbatches: int,
+def _schedule(row: dict[str, str], rules: Rules, pp: int, microbatches: int,
               notes: list[str]) -> tuple[str, int]:
     text = row["other_parallelism"].lower()
     if re.search(r"interleaved (?:pp |pipeline )?schedule", text):

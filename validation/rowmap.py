@@ -4,28 +4,28 @@
 measurements in the same columns work the same way). `map_row(row, rules)` turns one row into a
 scenario document plus the measured seconds per step, or says why the row cannot be simulated
 (a TPU, a CNN, a speed-up ratio, degrees not stated, ...). Cell parsing lives in
-`validation.rowcells`; what a row leaves unsaid comes from data/validation/rowmap.yaml (`Rules`).
+`validation.rowcells`; what a row leaves unsaid comes from data/validation/rowmap.yaml
+(`validation.rowrules`).
 """
 from __future__ import annotations
 
 import csv
 import io
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from partita.planner.documents import Checker, load_document, read_text
-from partita.planner.enums import FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES
+from partita.planner.documents import read_text
 from partita.planner.errors import PartitaError, closest
 from partita.planner.paths import VALIDATION_DIR
 from partita.planner.scenario import Scenario, parse_scenario
 from partita.validation import rowcells as cells
-from partita.validation.metrics import CONVENTIONS, Unconvertible, step_time_from_metric
+from partita.validation.metrics import Unconvertible, step_time_from_metric
 from partita.validation.rowcells import Skip
+from partita.validation.rowrules import Rules
 
 DEFAULT_CSV = VALIDATION_DIR / "published_dev.csv"
-DEFAULT_RULES = VALIDATION_DIR / "rowmap.yaml"
 COLUMNS = ("id", "source_key", "source", "locator", "model", "params_B", "layers", "hidden", "heads",
            "seq_len", "vocab", "precision", "gpu", "gpu_mem_GB", "num_gpus", "num_nodes",
            "gpus_per_node", "intra_node", "inter_node", "tp", "pp", "dp", "other_parallelism",
@@ -55,90 +55,6 @@ class SkippedRow:
     model: str
     kind: str       # a short category, see rowcells.SKIP_KINDS
     reason: str
-
-
-@dataclass(frozen=True)
-class Rules:
-    """data/validation/rowmap.yaml: per-source and per-row settings, each a (value, why) pair."""
-    sources: dict[str, dict[str, tuple[Any, str]]] = field(default_factory=dict)
-    rows: dict[str, dict[str, tuple[Any, str]]] = field(default_factory=dict)
-    peaks_tflops: dict[str, float] = field(default_factory=dict)
-
-    def setting(self, row: dict[str, str], key: str) -> tuple[Any, str] | None:
-        """The row's own setting for `key`, else its source's, else None."""
-        for table, name in ((self.rows, row["id"]), (self.sources, row["source_key"])):
-            if key in table.get(name, {}):
-                return table[name][key]
-        return None
-
-    def value(self, row: dict[str, str], key: str, notes: list[str]) -> Any:
-        """Like `setting`, recording `key value: why` among the row's assumptions."""
-        found = self.setting(row, key)
-        if found is None:
-            return None
-        value, why = found
-        notes.append(f"{key} {str(value).lower() if isinstance(value, bool) else value}: {why}")
-        return value
-
-    def mfu_peak_tflops(self, gpu: str) -> float | None:
-        """The peak a source divided by for MFU, by GPU family named in the row's gpu cell."""
-        for family, peak in self.peaks_tflops.items():
-            if family.lower() in gpu.lower():
-                return peak
-        return None
-
-
-_SETTING_CHECKS = {
-    "flops": ("choice", CONVENTIONS), "micro_batch": ("int", None),
-    "recompute": ("choice", RECOMPUTE), "precision": ("choice", PRECISIONS),
-    "gpu_memory_gb": ("number", None), "zero": ("choice", ("0", "1", "2", "3")),
-    "schedule": ("choice", SCHEDULES), "virtual_stages": ("int", None),
-    "sequence_parallel": ("bool", None), "overlap_grad_reduce": ("bool", None),
-    "overlap_param_gather": ("bool", None), "inter_node_gbps": ("number", None),
-    "tp_comm_overlap": ("bool", None),
-    "exclude": ("bool", None), "attention": ("choice", ("flash", "unfused", "eager")),
-    "framework": ("choice", FRAMEWORKS), "launch_blocking": ("bool", None),
-}
-
-
-def load_rules(path: str | Path | None = None) -> Rules:
-    """Read and check rowmap.yaml (every setting is `{value: ..., why: "..."}`)."""
-    path = Path(path) if path is not None else DEFAULT_RULES
-    top = Checker(load_document(path), "", str(path))
-    top.only(("mfu_peak_tflops", "sources", "rows"))
-    peaks: dict[str, float] = {}
-    psec = top.sub("mfu_peak_tflops", required=False)
-    if psec is not None:
-        peaks = {k: psec.number(k) for k in psec.mapping if k != "source"}
-    tables = []
-    for section in ("sources", "rows"):
-        sec = top.sub(section, required=False)
-        names = list(sec.mapping) if sec is not None else []
-        tables.append({str(n): _settings(sec.sub(n)) for n in names})
-    return Rules(sources=tables[0], rows=tables[1], peaks_tflops=peaks)
-
-
-def _settings(c: Checker) -> dict[str, tuple[Any, str]]:
-    c.only(_SETTING_CHECKS)
-    out = {}
-    for key in c.mapping:
-        entry = c.sub(key)
-        entry.only(("value", "why"))
-        why = entry.str("why", required=True)
-        kind, choices = _SETTING_CHECKS[key]
-        if kind == "choice":
-            value = entry.choice("value", choices)
-            value = int(value) if key == "zero" else value
-        elif kind == "int":
-            value = entry.int("value", required=True)
-        elif kind == "number":
-            value = entry.number("value", required=True)
-        else:
-            value = entry.bool("value", False) if entry.has("value") else None
-        if value is None:
-            raise entry.error("missing required key", "value")
-        out[key] = (value, why)
-    return out
 
 
 def read_rows(path: str | Path | None = None) -> list[dict[str, str]]:

@@ -16,7 +16,8 @@ from partita.planner.documents import Checker, load_document
 from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import VALIDATION_DIR
 from partita.simulator.interval import percentile
-from partita.validation.rowmap import MappedRow, Rules, SkippedRow, load_rules, map_row, read_rows
+from partita.validation.rowmap import MappedRow, SkippedRow, map_row, read_rows
+from partita.validation.rowrules import Rules, load_rules
 
 DEFAULT_SPLIT = VALIDATION_DIR / "split.yaml"
 MEMORY_CSV = VALIDATION_DIR / "published_memory.csv"      # runs with a published peak memory

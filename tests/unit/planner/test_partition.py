@@ -8,8 +8,9 @@ from hypothesis import strategies as st
 from partita.planner.errors import PartitaError
 from partita.planner.layergraph import inflight, plan_problem, transformer_graph
 from partita.planner.modelspec import TransformerDims, preset_dims
-from partita.planner.partition import Layer, LayerGraph, PartitionProblem, Tie, evaluate, solve
+from partita.planner.partition import solve
 from partita.planner.partition_dp import exact_chain
+from partita.planner.partition_problem import Layer, LayerGraph, PartitionProblem, Tie, evaluate
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 from partita.planner.stages import balanced_stages, min_max_ranges, with_default_stages
 

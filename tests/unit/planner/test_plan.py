@@ -277,7 +277,8 @@ def test_optimize_memory_gives_a_leaner_split():
     slowest, than the speed objective's on the same problem (strictly leaner below the top where
     the two differ); `plan(optimize="memory")` writes the memory objective's split."""
     from partita.planner.layergraph import plan_problem
-    from partita.planner.partition import evaluate, solve
+    from partita.planner.partition import solve
+    from partita.planner.partition_problem import evaluate
     doc = small(parallel__tensor=1, parallel__pipeline=4, parallel__data=4, parallel__zero=1,
                 training__micro_batch=1, training__recompute="none")
     doc["model"]["layers"] = 8

@@ -20,7 +20,8 @@ from partita.validation import runner as validation
 from partita.validation.metrics import hardware_flops, model_flops
 from partita.simulator.result import GIB, SimResult
 from partita.validation.rowcells import leading_int
-from partita.validation.rowmap import COLUMNS, MappedRow, SkippedRow, load_rules, map_row, read_rows
+from partita.validation.rowmap import COLUMNS, MappedRow, SkippedRow, map_row, read_rows
+from partita.validation.rowrules import load_rules
 from partita.validation.runner import load_split, run_validation, summarize
 
 STANDIN_FLOPS = 100e12          # the stand-in simulator's FLOP/s per GPU
@@ -415,7 +416,8 @@ def test_cli_with_the_real_simulator(capsys):
 def test_a_guessed_parallel_layout_is_not_fully_specified():
     """MLM24-10/11: the CSV guesses TP/PP ('8 (assumed = model table)'); such rows are skipped, not
     scored, since the layout sets most of the step time."""
-    from partita.validation.rowmap import SkippedRow, load_rules, map_row, read_rows
+    from partita.validation.rowmap import SkippedRow, map_row, read_rows
+    from partita.validation.rowrules import load_rules
     rules = load_rules()
     rows = {r["id"]: r for r in read_rows()}
     for rid in ("MLM24-10", "MLM24-11"):
