@@ -34,6 +34,13 @@ from partita.planner.partition_problem import (Partition, PartitionProblem, chec
                                                evaluate, rank_fixed_bytes, send_s)
 from partita.planner.units import GIB
 
+# `optimize: memory` solves twice: the least peak memory M*, then the fastest split with memory at
+# most M* (1 + tol) + tol GiB. The MIP's reported M* can sit below the true minimum by the solver's
+# integrality tolerance (HiGHS mip_feasibility_tolerance 1e-6) times a layer's GiB, so a tighter
+# bound made the second solve infeasible; 1e-6 relative plus 1e-6 GiB (1 KiB) is far below any
+# memory difference that matters.
+MEMORY_SLACK = 1e-6
+
 
 def solve(problem: PartitionProblem) -> Partition:
     """The optimal split (or the best found within the time limit, with its gap)."""
@@ -49,7 +56,7 @@ def solve(problem: PartitionProblem) -> Partition:
         model.setObjective(M)
         status, name, gap = run_solver(model, problem, pulp)
         best_m = M.value()
-        model += M <= best_m * (1 + 1e-7) + 1e-9, "memory_at_its_minimum"
+        model += M <= best_m * (1 + MEMORY_SLACK) + MEMORY_SLACK, "memory_at_its_minimum"
         model.setObjective(T)
         status, name, gap = run_solver(model, problem, pulp)
     ranges = _ranges(problem, y)
