@@ -25,7 +25,8 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from partita.planner.candidates import RECOMPUTE_ORDER, Layout, layouts, memory_floor
+from partita.planner.candidates import (RECOMPUTE_ORDER, Layout, layout_of, layouts,
+                                        memory_floor)
 from partita.planner.costmodel import model_flops_per_step
 from partita.planner.errors import PartitaError
 from partita.planner.planresult import (COLUMNS, Candidate, PlanResult, _budget, _mark_pareto,
@@ -33,6 +34,7 @@ from partita.planner.planresult import (COLUMNS, Candidate, PlanResult, _budget,
 from partita.planner.planspec import PlanSpec, read_spec
 from partita.planner.refine import refine_stages
 from partita.planner.scenario import ParallelSpec, Scenario, check_plan
+from partita.planner.stages import chunk_ranges, with_default_stages
 from partita.planner.units import GIB
 
 OBJECTIVES = ("time", "cost", "memory")
@@ -109,7 +111,7 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
 
     # 3: schedules, virtual stages and reductions for the best layouts
     for cand in run.top(top_layouts, per_system=True):
-        lay = _layout_of(cand)
+        lay = layout_of(cand)
         for schedule, virtual in spec.schedules(lay, run.microbatches(lay)):
             for reduce in spec.reductions(lay, catalog):
                 run.add(lay, schedule=schedule, virtual=virtual, grad_reduce=reduce)
@@ -182,12 +184,6 @@ def _estimate(spec: PlanSpec, catalog, lay: Layout) -> float:
     return t * (1 + (lay.pipeline - 1) / m)
 
 
-def _layout_of(c: Candidate) -> Layout:
-    return Layout(system=c.system, gpus=c.gpus, nodes=c.nodes, tensor=c.tensor,
-                  pipeline=c.pipeline, context=c.context, data=c.data, micro_batch=c.micro_batch,
-                  recompute=c.recompute, zero=c.zero)
-
-
 class _Run:
     """The candidates evaluated so far, their prices and budget numbers."""
 
@@ -241,7 +237,6 @@ class _Run:
                                   grad_reduce=grad_reduce, stages=stages)
             check_plan(sc, lay.gpus, self.spec.dims)
             if split == "even" and stages is None:
-                from partita.planner.stages import with_default_stages
                 if with_default_stages(sc.parallel, self.spec.dims) is not sc.parallel:
                     base["split"] = "balanced"
             self.evaluated += 1
@@ -305,7 +300,6 @@ class _Run:
         if self.spec.scenario.name:
             doc["name"] = self.spec.scenario.name
         if best.stages is None:
-            from partita.planner.stages import chunk_ranges, with_default_stages
             par = with_default_stages(best.scenario.parallel, self.spec.dims)
             doc["parallel"]["stages"] = [list(r) for r in chunk_ranges(
                 self.spec.dims.total_layers, par)]
