@@ -8,7 +8,7 @@ layouts that rank best (planner.search).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from partita.planner.costmodel import analytic_profile
@@ -35,6 +35,12 @@ class Layout:
     micro_batch: int
     recompute: str
     zero: int
+
+
+def layout_of(plan) -> Layout:
+    """The layout a planned candidate (planner.planresult.Candidate, or anything carrying the
+    layout's fields) was built from, so the search can expand or re-split it."""
+    return Layout(**{f.name: getattr(plan, f.name) for f in fields(Layout)})
 
 
 def divisors(n: int) -> list[int]:

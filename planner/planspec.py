@@ -138,6 +138,29 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
     fixed field that contradicts it is an error naming the key."""
     doc, origin = _document(scenario)
     doc, kept = translate(doc, origin, searching=True)
+    cluster, raw_par, raw_train = _sections(doc, origin)
+    where = f"{origin}: "
+    systems = _systems(cluster, systems, catalog, where)
+    fixed_gpus, fixed_nodes = _gpu_count(cluster, catalog=catalog, systems=systems,
+                                         max_gpus=max_gpus, nodes=nodes, where=where)
+    base, dims = _base_scenario(doc, cluster, raw_par, systems=systems, origin=origin)
+    fixed = {k: getattr(base.parallel, k) for k in raw_par} if raw_par else {}
+    if kept.get("ddp") is False:
+        fixed["data"] = 1
+    if executable:
+        _fix_executable(fixed, base, dims, where)
+    _check_fixed(fixed, dims, base.training.global_batch, fixed_gpus, where)
+    scenario = base.with_parallel(None)
+    return PlanSpec(scenario=scenario, dims=dims, origin=origin, systems=systems, fixed=fixed,
+                    fixed_gpus=fixed_gpus, fixed_nodes=fixed_nodes, max_gpus=max_gpus,
+                    fixed_micro_batch="micro_batch" in raw_train,
+                    fixed_recompute="recompute" in raw_train,
+                    microbatches=kept.get("microbatches"),
+                    optimize=kept.get("optimize", "speed"), executable=executable)
+
+
+def _sections(doc, origin: str) -> tuple[dict, dict, dict]:
+    """The document's cluster, parallel and training mappings (empty where absent)."""
     if not isinstance(doc, dict):
         raise PartitaError(f"{origin}: expected a mapping at the top level")
     where = f"{origin}: "
@@ -148,8 +171,12 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
     if not isinstance(raw_par, dict):
         raise PartitaError(f"{where}parallel: expected a mapping of {', '.join(PARALLEL_KEYS)}")
     raw_train = doc.get("training") if isinstance(doc.get("training"), dict) else {}
+    return cluster, raw_par, raw_train
 
-    # systems: the document's, or --systems (which must then include the document's)
+
+def _systems(cluster: dict, systems, catalog, where: str) -> tuple[str, ...]:
+    """The systems to search: the document's, or --systems (which must then include the
+    document's)."""
     if systems:
         systems = tuple(systems)
         for name in systems:
@@ -161,14 +188,19 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
             raise PartitaError(f"{where}cluster.system ({cluster['system']}) is fixed by the "
                                f"scenario but --systems is {', '.join(systems)}; drop one of them "
                                "or include it")
-    elif "system" in cluster:
+        return systems
+    if "system" in cluster:
         systems = (str(cluster["system"]),)
         catalog.system(systems[0])
-    else:
-        raise PartitaError(f"{where}cluster.system: missing; give it or --systems a,b "
-                           "(see `partita catalog list`)")
+        return systems
+    raise PartitaError(f"{where}cluster.system: missing; give it or --systems a,b "
+                       "(see `partita catalog list`)")
 
-    # GPU count: the document's gpus / nodes, --nodes, or searched up to --max-gpus
+
+def _gpu_count(cluster: dict, *, catalog, systems, max_gpus, nodes,
+               where: str) -> tuple[int | None, int | None]:
+    """(fixed GPUs, fixed nodes): the document's gpus / nodes or --nodes; both None where the
+    count is searched up to --max-gpus."""
     fixed_gpus, fixed_nodes = cluster.get("gpus"), cluster.get("nodes")
     for key, value in (("cluster.gpus", fixed_gpus), ("cluster.nodes", fixed_nodes),
                        ("--max-gpus", max_gpus), ("--nodes", nodes)):
@@ -191,8 +223,13 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
     if fixed_gpus is None and fixed_nodes is None and max_gpus is None:
         raise PartitaError(f"{where}cluster.gpus: missing; give cluster.gpus or nodes, --nodes N "
                            "or --max-gpus N")
+    return fixed_gpus, fixed_nodes
 
-    # model, training, name: parsed as a whole document with a placeholder cluster
+
+def _base_scenario(doc: dict, cluster: dict, raw_par: dict, *, systems,
+                   origin: str) -> tuple[Scenario, TransformerDims]:
+    """Model, training and name, parsed as a whole document with a placeholder cluster, and the
+    model's transformer dimensions."""
     body = {k: v for k, v in doc.items() if k not in ("cluster", "parallel")}
     body["cluster"] = {k: v for k, v in cluster.items() if k not in ("gpus", "nodes", "system")}
     body["cluster"].update(system=systems[0], nodes=1)
@@ -201,28 +238,33 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
     base = parse_scenario(body, origin=origin)
     dims = base.model.resolve()
     if dims is None:
-        raise PartitaError(f"{where}model.module: partita plan searches transformer models "
+        raise PartitaError(f"{origin}: model.module: partita plan searches transformer models "
                            "(dims, preset or hf_config); give parallel by hand for a module")
-    fixed = {k: getattr(base.parallel, k) for k in raw_par} if raw_par else {}
-    if kept.get("ddp") is False:
-        fixed["data"] = 1
-    if executable:
-        # the executor runs sequence and context parallelism, except for T5, whose chained
-        # encoder and decoder halves it does not shard by sequence
-        refused = (("context", 1), ("sequence_parallel", False)) if dims.arch == "t5" else ()
-        for key, value in refused:
-            if fixed.get(key, value) != value:
-                raise PartitaError(f"{where}parallel.{key} ({fixed[key]}) contradicts --executable: "
-                                   f"partita run executes only {key} {value}")
-            fixed[key] = value
-        if base.training.precision not in EXECUTED_PRECISIONS:
-            raise PartitaError(f"{where}training.precision {base.training.precision} contradicts "
-                               f"--executable: partita run executes {', '.join(EXECUTED_PRECISIONS)}")
+    return base, dims
+
+
+def _fix_executable(fixed: dict, base: Scenario, dims: TransformerDims, where: str) -> None:
+    """Fix what `partita run` needs in `fixed`, or name the fixed field that contradicts it."""
+    # the executor runs sequence and context parallelism, except for T5, whose chained
+    # encoder and decoder halves it does not shard by sequence
+    refused = (("context", 1), ("sequence_parallel", False)) if dims.arch == "t5" else ()
+    for key, value in refused:
+        if fixed.get(key, value) != value:
+            raise PartitaError(f"{where}parallel.{key} ({fixed[key]}) contradicts --executable: "
+                               f"partita run executes only {key} {value}")
+        fixed[key] = value
+    if base.training.precision not in EXECUTED_PRECISIONS:
+        raise PartitaError(f"{where}training.precision {base.training.precision} contradicts "
+                           f"--executable: partita run executes {', '.join(EXECUTED_PRECISIONS)}")
+
+
+def _check_fixed(fixed: dict, dims: TransformerDims, gb: int, fixed_gpus: int | None,
+                 where: str) -> None:
+    """The fixed degrees against the model's layers, the global batch and the GPU count."""
     chunks = fixed.get("pipeline", 1) * fixed.get("virtual_stages", 1)
     if chunks > dims.total_layers:
         raise PartitaError(f"{where}parallel.pipeline*virtual_stages ({chunks}) exceeds the model's "
                            f"{dims.total_layers} layers; use at most {dims.total_layers} stages")
-    gb = base.training.global_batch
     if "data" in fixed and gb % fixed["data"]:
         raise PartitaError(f"{where}parallel.data ({fixed['data']}) does not divide "
                            f"training.global_batch ({gb}); valid data degrees: "
@@ -232,10 +274,3 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
         if prod != fixed_gpus:
             raise PartitaError(f"{where}parallel: tensor*pipeline*context*data = {prod} but "
                                f"cluster.gpus is {fixed_gpus}; leave one of them out to search it")
-    scenario = base.with_parallel(None)
-    return PlanSpec(scenario=scenario, dims=dims, origin=origin, systems=systems, fixed=fixed,
-                    fixed_gpus=fixed_gpus, fixed_nodes=fixed_nodes, max_gpus=max_gpus,
-                    fixed_micro_batch="micro_batch" in raw_train,
-                    fixed_recompute="recompute" in raw_train,
-                    microbatches=kept.get("microbatches"),
-                    optimize=kept.get("optimize", "speed"), executable=executable)

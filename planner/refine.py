@@ -8,9 +8,11 @@ node, the node's network share per GPU between nodes.
 """
 from __future__ import annotations
 
+from partita.planner.candidates import layout_of
 from partita.planner.errors import PartitaError
 from partita.planner.layergraph import plan_problem
 from partita.planner.partition import solve
+from partita.planner.stages import chunk_ranges, with_default_stages
 
 
 def link_bytes_per_s(system, gpus: int, pipeline: int) -> float | None:
@@ -44,13 +46,11 @@ def refine_stages(cand, *, spec, catalog, run, time_limit_s: float = 20.0):
         split = solve(problem)
     except PartitaError as exc:
         return None, f"ILP split not used: {exc}"
-    from partita.planner.stages import chunk_ranges, with_default_stages
     current = tuple(tuple(r) for r in chunk_ranges(
         spec.dims.total_layers, with_default_stages(sc.parallel, spec.dims)))
     text = f"{split.solver}, {split.status}" + (f", gap {split.gap:.2%}" if split.gap else "")
     if split.ranges == current:
         return None, text + ", same split as the default"
-    from partita.planner.search import _layout_of
-    new = run.add(_layout_of(cand), schedule=cand.schedule, virtual=cand.virtual_stages,
+    new = run.add(layout_of(cand), schedule=cand.schedule, virtual=cand.virtual_stages,
                   grad_reduce=cand.grad_reduce, stages=split.ranges, split=f"ilp ({text})")
     return new, text

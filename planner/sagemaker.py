@@ -41,6 +41,23 @@ def translate(doc: Any, origin: str = "", *, searching: bool = False) -> tuple[A
     if not isinstance(doc, dict) or "sagemaker" not in doc:
         return doc, {}
     where = f"{origin}: " if origin else ""
+    sm = _parameters(doc, where)
+    out = copy.deepcopy({k: v for k, v in doc.items() if k != "sagemaker"})
+    par = out.setdefault("parallel", {})
+    if not isinstance(par, dict):
+        raise PartitaError(f"{where}parallel: expected a mapping")
+    training = out.get("training") if isinstance(out.get("training"), dict) else {}
+    _map_parallel(sm, par, where)
+    kept = _kept(sm, par, where)
+    if "microbatches" in sm:
+        kept["microbatches"] = _microbatches(sm, par, training, where, searching=searching)
+    if not par:
+        del out["parallel"]
+    return out, kept
+
+
+def _parameters(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """The `sagemaker:` section, checked to be a mapping of known parameters."""
     sm = doc["sagemaker"]
     if not isinstance(sm, dict):
         raise PartitaError(f"{where}sagemaker: expected a mapping of model-parallel parameters "
@@ -49,29 +66,37 @@ def translate(doc: Any, origin: str = "", *, searching: bool = False) -> tuple[A
     if unknown:
         raise PartitaError(f"{where}sagemaker.{unknown[0]}: unknown parameter (valid: "
                            f"{', '.join(KEYS)})")
-    out = copy.deepcopy({k: v for k, v in doc.items() if k != "sagemaker"})
-    par = out.setdefault("parallel", {})
-    if not isinstance(par, dict):
-        raise PartitaError(f"{where}parallel: expected a mapping")
-    training = out.get("training") if isinstance(out.get("training"), dict) else {}
-    kept: dict[str, Any] = {}
+    return sm
 
-    def put(sm_key: str, key: str, value: Any) -> None:
-        if key in par and par[key] != value:
-            raise PartitaError(f"{where}sagemaker.{sm_key} ({sm[sm_key]!r}) contradicts "
-                               f"parallel.{key} ({par[key]!r}); give one of them")
-        par[key] = value
 
+def _put(sm: dict[str, Any], par: dict[str, Any], sm_key: str, key: str, value: Any,
+         where: str) -> None:
+    """Set `parallel.key` from `sagemaker.sm_key`, unless the document gives another value."""
+    if key in par and par[key] != value:
+        raise PartitaError(f"{where}sagemaker.{sm_key} ({sm[sm_key]!r}) contradicts "
+                           f"parallel.{key} ({par[key]!r}); give one of them")
+    par[key] = value
+
+
+def _map_parallel(sm: dict[str, Any], par: dict[str, Any], where: str) -> None:
+    """The pipeline and tensor degrees and the schedule, into `parallel`."""
     for key in ("partitions", "pipeline_parallel_degree"):
         if key in sm:
-            put(key, "pipeline", _positive(sm, key, where))
+            _put(sm, par, key, "pipeline", _positive(sm, key, where), where)
     if "tensor_parallel_degree" in sm:
-        put("tensor_parallel_degree", "tensor", _positive(sm, "tensor_parallel_degree", where))
+        _put(sm, par, "tensor_parallel_degree", "tensor",
+             _positive(sm, "tensor_parallel_degree", where), where)
     if "pipeline" in sm:
         if sm["pipeline"] not in PIPELINE:
             raise PartitaError(f"{where}sagemaker.pipeline: expected simple or interleaved, got "
                                f"{sm['pipeline']!r}")
-        put("pipeline", "schedule", PIPELINE[sm["pipeline"]])
+        _put(sm, par, "pipeline", "schedule", PIPELINE[sm["pipeline"]], where)
+
+
+def _kept(sm: dict[str, Any], par: dict[str, Any], where: str) -> dict[str, Any]:
+    """`optimize` and `ddp`, kept apart (ddp: false also fixes parallel.data to 1); the
+    placement strategy, checked."""
+    kept: dict[str, Any] = {}
     if "optimize" in sm:
         if sm["optimize"] not in OPTIMIZE:
             raise PartitaError(f"{where}sagemaker.optimize: expected speed or memory, got "
@@ -85,29 +110,32 @@ def translate(doc: Any, origin: str = "", *, searching: bool = False) -> tuple[A
             raise PartitaError(f"{where}sagemaker.ddp: expected true or false, got {sm['ddp']!r}")
         kept["ddp"] = sm["ddp"]
         if not sm["ddp"]:
-            put("ddp", "data", 1)
-    if "microbatches" in sm:
-        m = _positive(sm, "microbatches", where)
-        kept["microbatches"] = m
-        if "data" in par and isinstance(training.get("global_batch"), int):
-            per = training["global_batch"]
-            if per % (m * par["data"]):
-                raise PartitaError(f"{where}sagemaker.microbatches ({m}): training.global_batch "
-                                   f"({per}) is not divisible by microbatches*parallel.data "
-                                   f"({m}*{par['data']})")
-            mb = per // (m * par["data"])
-            if "micro_batch" in training and training["micro_batch"] != mb:
-                raise PartitaError(f"{where}sagemaker.microbatches ({m}) contradicts "
-                                   f"training.micro_batch ({training['micro_batch']}): "
-                                   f"{m} micro-batches need micro_batch {mb}")
-            training["micro_batch"] = mb
-        elif not searching:
-            raise PartitaError(f"{where}sagemaker.microbatches ({m}) needs parallel.data and "
-                               "training.global_batch to give the micro-batch size; add "
-                               "parallel.data, or run `partita plan` to search it")
-    if not par:
-        del out["parallel"]
-    return out, kept
+            _put(sm, par, "ddp", "data", 1, where)
+    return kept
+
+
+def _microbatches(sm: dict[str, Any], par: dict[str, Any], training: dict[str, Any], where: str,
+                  *, searching: bool) -> int:
+    """`microbatches`, checked; sets `training.micro_batch` where parallel.data and the global
+    batch give it."""
+    m = _positive(sm, "microbatches", where)
+    if "data" in par and isinstance(training.get("global_batch"), int):
+        per = training["global_batch"]
+        if per % (m * par["data"]):
+            raise PartitaError(f"{where}sagemaker.microbatches ({m}): training.global_batch "
+                               f"({per}) is not divisible by microbatches*parallel.data "
+                               f"({m}*{par['data']})")
+        mb = per // (m * par["data"])
+        if "micro_batch" in training and training["micro_batch"] != mb:
+            raise PartitaError(f"{where}sagemaker.microbatches ({m}) contradicts "
+                               f"training.micro_batch ({training['micro_batch']}): "
+                               f"{m} micro-batches need micro_batch {mb}")
+        training["micro_batch"] = mb
+    elif not searching:
+        raise PartitaError(f"{where}sagemaker.microbatches ({m}) needs parallel.data and "
+                           "training.global_batch to give the micro-batch size; add "
+                           "parallel.data, or run `partita plan` to search it")
+    return m
 
 
 def _positive(sm: dict[str, Any], key: str, where: str) -> int:

@@ -25,7 +25,8 @@ import time
 from dataclasses import replace
 from typing import Any, Callable
 
-from partita.planner.candidates import RECOMPUTE_ORDER, Layout, layouts, memory_floor
+from partita.planner.candidates import (RECOMPUTE_ORDER, Layout, layout_of, layouts,
+                                        memory_floor)
 from partita.planner.costmodel import model_flops_per_step
 from partita.planner.errors import PartitaError
 from partita.planner.planresult import (COLUMNS, Candidate, PlanResult, _budget, _mark_pareto,
@@ -33,6 +34,7 @@ from partita.planner.planresult import (COLUMNS, Candidate, PlanResult, _budget,
 from partita.planner.planspec import PlanSpec, read_spec
 from partita.planner.refine import refine_stages
 from partita.planner.scenario import ParallelSpec, Scenario, check_plan
+from partita.planner.stages import chunk_ranges, with_default_stages
 from partita.planner.units import GIB
 
 OBJECTIVES = ("time", "cost", "memory")
@@ -56,6 +58,24 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
     executes (no context or sequence parallelism for T5, context dividing seq_len / 2, tensor
     dividing the k/v heads)."""
     started = time.perf_counter()
+    spec = _read_options(scenario, catalog=catalog, objective=objective, headroom=headroom,
+                         optimize=optimize, systems=systems, max_gpus=max_gpus, nodes=nodes,
+                         executable=executable)
+    run = _Run(spec=spec, catalog=catalog,
+               evaluate=evaluate if evaluate is not None else _simulator(catalog),
+               tokens=tokens, say=progress or (lambda msg: None), headroom=headroom)
+    deadline = None if time_budget_s is None else started + 0.7 * time_budget_s
+    pruned = _time_layouts(run, deadline=deadline, max_evaluations=max_evaluations)
+    _expand_schedules(run, top_layouts)
+    solver = _refine_splits(run, refine)
+    run.say(f"split: {solver or 'even'}; best {run.best_text()}")
+    return run.result(objective=objective, max_cost=max_cost, max_days=max_days,
+                      pruned=pruned, seconds=time.perf_counter() - started, solver=solver)
+
+
+def _read_options(scenario, *, catalog, objective: str, headroom: float, optimize: str | None,
+                  systems, max_gpus, nodes, executable: bool) -> PlanSpec:
+    """The search's spec: the scenario read with the options, which are checked first."""
     if objective not in OBJECTIVES:
         raise PartitaError(f"--objective: expected one of {', '.join(OBJECTIVES)}, got {objective!r}")
     if not 0.0 <= headroom < 1.0:
@@ -66,17 +86,22 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
         if optimize not in ("speed", "memory"):
             raise PartitaError(f"--optimize: expected speed or memory, got {optimize!r}")
         spec = replace(spec, optimize=optimize)
-    if evaluate is None:
-        from partita.simulator.step import simulate
+    return spec
 
-        def evaluate(s, _catalog=catalog):
-            return simulate(s, _catalog)
-    say = progress or (lambda msg: None)
-    run = _Run(spec=spec, evaluate=evaluate, catalog=catalog, tokens=tokens, say=say,
-               headroom=headroom)
 
-    # 1-2: layouts, timed with 1F1B, most promising first; per layout the recompute settings
-    # from none to full, stopping at the first that fits (more recompute only adds time)
+def _simulator(catalog) -> Callable[[Scenario], Any]:
+    """`evaluate` by the simulator, imported here (planner/ does not import simulator/ at load)."""
+    from partita.simulator.step import simulate
+
+    def evaluate(s, _catalog=catalog):
+        return simulate(s, _catalog)
+    return evaluate
+
+
+def _time_layouts(run: _Run, *, deadline: float | None, max_evaluations: int | None) -> int:
+    """Steps 1-2: time the layouts with the default schedule, most promising first, until the
+    deadline or --max-evaluations; (the number pruned by the rules and the memory floor)."""
+    spec, catalog = run.spec, run.catalog
     groups, pruned, skipped = _layouts(spec, catalog)
     run.notes.extend(skipped)
     if not groups:
@@ -84,48 +109,59 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
                            f"({pruned} tried): " + spec.no_layout_hint()
                            + "".join(f"; {s}" for s in skipped))
     groups.sort(key=lambda g: _estimate(spec, catalog, g[0]))
-    budget_end = None if time_budget_s is None else started + 0.7 * time_budget_s
     for i, group in enumerate(groups):
         if max_evaluations is not None and run.evaluated >= max_evaluations:
             run.notes.append(f"--max-evaluations: {i} of {len(groups)} layouts timed")
             break
-        if budget_end is not None and time.perf_counter() > budget_end and run.results:
+        if deadline is not None and time.perf_counter() > deadline and run.results:
             run.notes.append(f"time budget: {i} of {len(groups)} layouts timed, most promising "
                              "first")
             break
-        fitted = set()
-        for lay in group:
-            if lay.zero in fitted:
-                continue
-            schedule = spec.default_schedule(lay.pipeline)
-            virtual = spec.fixed.get("virtual_stages", 1) if schedule == "interleaved-1f1b" else 1
-            cand = run.add(lay, schedule=schedule, virtual=virtual,
-                           grad_reduce=spec.fixed.get("grad_reduce", "auto"))
-            if cand is not None and cand.error is None and cand.fits:
-                fitted.add(lay.zero)
+        _time_group(run, group)
         if i % 100 == 99:
-            say(f"layouts: {i + 1}/{len(groups)} timed, best {run.best_text()}")
-    say(f"layouts: {run.evaluated} simulations, {pruned} pruned, best {run.best_text()}")
+            run.say(f"layouts: {i + 1}/{len(groups)} timed, best {run.best_text()}")
+    run.say(f"layouts: {run.evaluated} simulations, {pruned} pruned, best {run.best_text()}")
+    return pruned
 
-    # 3: schedules, virtual stages and reductions for the best layouts
+
+def _time_group(run: _Run, group: list[Layout]) -> None:
+    """Time one layout group: per ZeRO stage the recompute settings from none to full, stopping
+    at the first that fits (more recompute only adds time)."""
+    spec = run.spec
+    fitted = set()
+    for lay in group:
+        if lay.zero in fitted:
+            continue
+        schedule = spec.default_schedule(lay.pipeline)
+        virtual = spec.fixed.get("virtual_stages", 1) if schedule == "interleaved-1f1b" else 1
+        cand = run.add(lay, schedule=schedule, virtual=virtual,
+                       grad_reduce=spec.fixed.get("grad_reduce", "auto"))
+        if cand is not None and cand.error is None and cand.fits:
+            fitted.add(lay.zero)
+
+
+def _expand_schedules(run: _Run, top_layouts: int) -> None:
+    """Step 3: schedules, virtual stages and reductions for the best layouts of each system."""
+    spec = run.spec
     for cand in run.top(top_layouts, per_system=True):
-        lay = _layout_of(cand)
+        lay = layout_of(cand)
         for schedule, virtual in spec.schedules(lay, run.microbatches(lay)):
-            for reduce in spec.reductions(lay, catalog):
+            for reduce in spec.reductions(lay, run.catalog):
                 run.add(lay, schedule=schedule, virtual=virtual, grad_reduce=reduce)
-    say(f"schedules: {run.evaluated} simulations, best {run.best_text()}")
+    run.say(f"schedules: {run.evaluated} simulations, best {run.best_text()}")
 
-    # 4: the ILP split for the best plans
+
+def _refine_splits(run: _Run, refine: int) -> str:
+    """Step 4: the ILP split for the best `refine` plans; (the first plan's solver line)."""
+    spec = run.spec
     solver = ""
     for cand in run.top(refine if "stages" not in spec.fixed else 0):
-        better, text = refine_stages(cand, spec=spec, catalog=catalog, run=run)
+        better, text = refine_stages(cand, spec=spec, catalog=run.catalog, run=run)
         solver = solver or text
         if spec.optimize == "memory" and better is not None and better.error is None \
                 and better.fits:            # SageMaker's optimize: memory: the leaner split is
             run.results.remove(cand)        # the user's choice, not a rival judged on speed
-    say(f"split: {solver or 'even'}; best {run.best_text()}")
-    return run.result(objective=objective, max_cost=max_cost, max_days=max_days,
-                      pruned=pruned, seconds=time.perf_counter() - started, solver=solver)
+    return solver
 
 
 def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str]]:
@@ -182,12 +218,6 @@ def _estimate(spec: PlanSpec, catalog, lay: Layout) -> float:
     return t * (1 + (lay.pipeline - 1) / m)
 
 
-def _layout_of(c: Candidate) -> Layout:
-    return Layout(system=c.system, gpus=c.gpus, nodes=c.nodes, tensor=c.tensor,
-                  pipeline=c.pipeline, context=c.context, data=c.data, micro_batch=c.micro_batch,
-                  recompute=c.recompute, zero=c.zero)
-
-
 class _Run:
     """The candidates evaluated so far, their prices and budget numbers."""
 
@@ -241,7 +271,6 @@ class _Run:
                                   grad_reduce=grad_reduce, stages=stages)
             check_plan(sc, lay.gpus, self.spec.dims)
             if split == "even" and stages is None:
-                from partita.planner.stages import with_default_stages
                 if with_default_stages(sc.parallel, self.spec.dims) is not sc.parallel:
                     base["split"] = "balanced"
             self.evaluated += 1
@@ -305,7 +334,6 @@ class _Run:
         if self.spec.scenario.name:
             doc["name"] = self.spec.scenario.name
         if best.stages is None:
-            from partita.planner.stages import chunk_ranges, with_default_stages
             par = with_default_stages(best.scenario.parallel, self.spec.dims)
             doc["parallel"]["stages"] = [list(r) for r in chunk_ranges(
                 self.spec.dims.total_layers, par)]
