@@ -164,9 +164,10 @@ def _sections(doc, origin: str) -> tuple[dict, dict, dict]:
     if not isinstance(doc, dict):
         raise PartitaError(f"{origin}: expected a mapping at the top level")
     where = f"{origin}: "
+    if not isinstance(doc.get("cluster") or {}, dict):
+        raise PartitaError(f"{where}cluster: expected a mapping, got "
+                           f"{type(doc['cluster']).__name__}")
     cluster = dict(doc.get("cluster") or {})
-    if not isinstance(doc.get("cluster", {}), dict):
-        raise PartitaError(f"{where}cluster: expected a mapping")
     raw_par = doc.get("parallel") or {}
     if not isinstance(raw_par, dict):
         raise PartitaError(f"{where}parallel: expected a mapping of {', '.join(PARALLEL_KEYS)}")

@@ -297,3 +297,12 @@ def test_optimize_memory_gives_a_leaner_split():
     assert [tuple(r) for r in memory.best["parallel"]["stages"]] == list(splits["memory"])
     with pytest.raises(PartitaError, match="--optimize: expected speed or memory"):
         plan(doc, catalog=CATALOG, optimize="fast")
+
+
+@pytest.mark.parametrize("cluster, kind", [("x", "str"), ([1], "list"), (3, "int")])
+def test_a_cluster_that_is_not_a_mapping_is_one_error_line(tmp_path, capsys, cluster, kind):
+    doc = small()
+    doc["cluster"] = cluster
+    assert main(["plan", write(tmp_path, doc)]) == 1
+    err = capsys.readouterr().err
+    assert err.strip().endswith(f"cluster: expected a mapping, got {kind}") and "Traceback" not in err
