@@ -95,3 +95,11 @@ def test_the_writer_emits_a_fitted_file_the_loader_reads(tmp_path):
                                        "zero3_collective_fraction.deepspeed"]
     assert {n.source for n in listed} == {"python fit.py --write on 2 rows"}
     assert path.read_text().startswith("# test fit\n")
+
+
+def test_an_unknown_kind_is_a_usage_error_naming_the_choices(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["catalog", "numbers", "--kind", "bogus"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert "invalid choice: 'bogus' (choose from 'measured', 'fitted', 'chosen')" in err
