@@ -1,7 +1,7 @@
 """Benchmark: does `partita calibrate` make the simulator predict this machine's own runs?
 
-Calibrates this machine (into a temporary PARTITA_HOME unless --keep), then for each 2-process
-pipeline scenario runs it for real (`partita run --json`) and prints the measured median step time
+Calibrates this machine (into a temporary PARTITA_HOME unless --keep) once per process count the
+scenarios need, then runs each scenario for real (`partita run --json`) and prints the measured median step time
 (warm-up steps excluded), the prediction (`predicted_step_time_s` of the run, or `partita simulate
 --json` if the run has none) and their ratio. Target: within 15% (ratio 0.87-1.15).
 
@@ -9,8 +9,10 @@ pipeline scenario runs it for real (`partita run --json`) and prints the measure
     .venv/bin/python benchmarks/bench_local_prediction.py --quick      # quick calibration, fewer steps
     .venv/bin/python benchmarks/bench_local_prediction.py --keep       # calibrate into ~/.partita
 
-The scenarios: the shipped `tiny-gpt-pp2` (hidden 32: per-op overheads dominate) and two written
-here whose matmuls dominate (GPT, 4 layers, hidden 256 and 512, seq 128, 1F1B over 2 stages, fp32).
+The scenarios: the shipped tiny examples (hidden 32: per-op host costs dominate; `tiny-llama-pp2-dp2`
+runs 4 processes, so on a machine of fewer cores they share them, calibration included) and two
+written here whose matmuls dominate (GPT, 4 layers, hidden 256 and 512, seq 128, 1F1B over 2 stages,
+fp32). Each row also prints where the prediction puts the time (compute, host, bubble, ...).
 Other processes on the machine disturb both the calibration and the runs: run it on a quiet machine.
 """
 from __future__ import annotations
@@ -33,6 +35,8 @@ COMPUTE_BOUND = {
                            "vocab": 2048},
 }
 TARGET = 0.15
+SHIPPED_2 = ("tiny-gpt-pp2", "tiny-gpt-interleaved")     # 2 processes
+SHIPPED_4 = ("tiny-llama-pp2-dp2",)                       # 4 processes
 
 
 def scenario_doc(name: str, model: dict) -> dict:
@@ -74,19 +78,32 @@ def main() -> None:
         env = dict(os.environ)
         if not args.keep:
             env["PARTITA_HOME"] = str(Path(tmp, "home"))
-        print(partita(["calibrate"] + (["--quick"] if args.quick else []), env), end="")
-        scenarios = ["tiny-gpt-pp2"]
+        by_world = {2: list(SHIPPED_2), 4: list(SHIPPED_4)}
         for name, model in COMPUTE_BOUND.items():
             path = Path(tmp, f"{name}.yaml")
             path.write_text(yaml.safe_dump(scenario_doc(name, model)), encoding="utf-8")
-            scenarios.append(str(path))
-        rows = [(Path(s).stem, *measure(s, steps, Path(tmp, "runs", Path(s).stem), env))
-                for s in scenarios]
-    print(f"\n{'scenario':<22}{'measured ms':>13}{'predicted ms':>14}{'ratio':>8}  within 15%")
-    for name, measured, predicted in rows:
+            by_world[2].append(str(path))
+        rows = []
+        for world, scenarios in by_world.items():
+            if not args.keep:
+                env["PARTITA_HOME"] = str(Path(tmp, f"home{world}"))
+            print(partita(["calibrate", "--gpus", str(world)] + (["--quick"] if args.quick else []),
+                          env), end="")
+            rows += [(Path(s).stem, *measure(s, steps, Path(tmp, "runs", Path(s).stem), env),
+                      breakdown(s, env)) for s in scenarios]
+    print(f"\n{'scenario':<22}{'measured ms':>13}{'predicted ms':>14}{'ratio':>8}  within 15%"
+          "  predicted parts (ms)")
+    for name, measured, predicted, parts in rows:
         ratio = predicted / measured
         print(f"{name:<22}{measured * 1e3:>13.2f}{predicted * 1e3:>14.2f}{ratio:>8.3f}  "
-              f"{'yes' if abs(ratio - 1) <= TARGET else 'no'}")
+              f"{'yes' if abs(ratio - 1) <= TARGET else 'no ':<10} {parts}")
+
+
+def breakdown(scenario: str, env: dict[str, str]) -> str:
+    """The simulator's step breakdown, largest parts first, in ms."""
+    parts = json.loads(partita(["simulate", scenario, "--json"], env))["breakdown_s"]
+    return " ".join(f"{k} {v * 1e3:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])
+                    if v > 0)
 
 
 if __name__ == "__main__":

@@ -80,15 +80,37 @@ def calibration_document(c: Calibrated) -> dict[str, Any]:
            "attention_forward_efficiency": _r(fwd), "attention_backward_efficiency": _r(bwd),
            "kernel_floor_us": _r(c.op_floor_s * 1e6), "source": src}
     doc: dict[str, Any] = {"source": src, "gpus": {c.machine.gpu_name: gpu}}
-    if c.op_dispatch_s > 0:
-        doc["host"] = {"op_dispatch_us": _r(c.op_dispatch_s * 1e6), "source": src}
+    host = host_document(c)
+    if host:
+        doc["host"] = host | {"source": src}
     if c.link is not None:
         k = c.link
         doc["tiers"] = {"local": {"efficiency": 1.0, "step_latency_us": _r(k.step_latency_s * 1e6),
                                   "base_latency_us": _r(k.base_latency_s * 1e6),
+                                  "collective_overhead_us": _r(k.collective_overhead_s * 1e6),
                                   "half_bandwidth_mb": _r(k.half_bandwidth_bytes / 1e6),
                                   "source": src}}
     return doc
+
+
+def host_document(c: Calibrated) -> dict[str, Any]:
+    """The overlay's `host:` section (simulator/host.py `HostCosts`): per kernel of a block pass
+    (executor.hostbench: the block's process time per kernel-launching op at hidden 8, where the
+    kernels' own arithmetic is next to nothing) and per parameter tensor of an optimizer step. On
+    a CPU the kernels run inside the dispatching call (`synchronous`)."""
+    out: dict[str, Any] = {}
+    b = c.block_host
+    if b:
+        out["op_dispatch_us"] = _r(b["forward_per_kernel_s"] * 1e6)
+        out["backward_op_dispatch_us"] = _r(b["backward_per_kernel_s"] * 1e6)
+    elif c.op_dispatch_s > 0:
+        out["op_dispatch_us"] = _r(c.op_dispatch_s * 1e6)
+    if out:
+        out["synchronous"] = c.machine.device == "cpu"
+    if c.optimizer_step_per_tensor_s:
+        out["optimizer_step_per_tensor_us"] = {k: _r(v * 1e6)
+                                               for k, v in c.optimizer_step_per_tensor_s.items()}
+    return out
 
 
 def elementwise_rates(c: Calibrated) -> list[tuple[float, float]]:

@@ -18,12 +18,13 @@ these executor/machine_files.py writes two documents:
 
 [Note: fitting the link] The simulator's model of one message of S bytes (simulator/network.py) is
     p2p(S)        = base + step + S / (bw * ramp(S)),   ramp(S) = S / (S + n_half)
-    allreduce(S)  = base + 2(N-1) step + 2(N-1)/N * S / (bw * ramp(S))        (ring, one node)
+    allreduce(S)  = base + 2(N-1) step + c + 2(N-1)/N * S / (bw * ramp(S))    (ring, one node)
 For S >> n_half, p2p(S) = base + step + (S + n_half) / bw: a line whose slope gives bw (least
 squares over the messages of at least 1 MiB) and whose intercept, less the measured small-message
 latency (base + step), gives n_half / bw (Hockney's n_1/2). The small all-reduce adds 2N-3 steps
-to the small send/recv, which gives the step latency and then base. Efficiency is 1: bw is what
-was achieved, not a wire rate.
+to the small send/recv, which gives the step latency and then base; where that would make base
+negative, step is the send's latency and c (the per-collective overhead) takes the rest. Efficiency
+is 1: bw is what was achieved, not a wire rate.
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ import os
 import platform
 import socket
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ class LinkFit:
     half_bandwidth_bytes: float
     p2p_small_s: float
     allreduce_small_s: float
+    collective_overhead_s: float = 0.0     # per collective call beyond the ring's steps
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,11 @@ class Calibrated:
     allreduce: list[list[float]]           # [[bytes per rank, s], ...]
     link: LinkFit | None
     op_dispatch_s: float = 0.0             # host seconds to issue one op (microbench.op_dispatch)
+    # executor.hostbench: host seconds per kernel of a GPT block pass ({forward_per_kernel_s,
+    # backward_per_kernel_s, forward_kernels, backward_kernels}) and per parameter tensor of an
+    # optimizer step, by optimizer; empty where not measured
+    block_host: dict[str, float] = field(default_factory=dict)
+    optimizer_step_per_tensor_s: dict[str, float] = field(default_factory=dict)
 
     def best_flops(self, precision: str) -> float:
         return max(rate for *_, rate in self.matmul[precision])
@@ -237,7 +244,17 @@ def combine(machine: Machine, ranks: list[dict]) -> Calibrated:
                       op_floor_s=min(sum(r["op_floor_s"] for r in ranks) / len(ranks), fastest),
                       p2p=p2p, allreduce=allreduce,
                       link=fit_link(p2p, allreduce, machine.processes) if p2p else None,
-                      op_dispatch_s=sum(r.get("op_dispatch_s", 0.0) for r in ranks) / len(ranks))
+                      op_dispatch_s=_mean(ranks, "op_dispatch_s"),
+                      block_host={k: _mean([r.get("block_host", {}) for r in ranks], k)
+                                  for k in ranks[0].get("block_host", {})},
+                      optimizer_step_per_tensor_s={
+                          k: _mean([r.get("optimizer_step_per_tensor_s", {}) for r in ranks], k)
+                          for k in ranks[0].get("optimizer_step_per_tensor_s", {})})
+
+
+def _mean(results: list[dict], key: str) -> float:
+    """The mean of `key` over the ranks' results (0 where a rank lacks it)."""
+    return sum(r.get(key, 0.0) for r in results) / len(results)
 
 
 def fit_link(p2p: list[list[float]], allreduce: list[list[float]], world: int) -> LinkFit:
@@ -246,16 +263,19 @@ def fit_link(p2p: list[list[float]], allreduce: list[list[float]], world: int) -
     bw, intercept = _line(large)
     p2p_small, ar_small = min(p2p)[1], min(allreduce)[1]
     base, step = _latencies(p2p_small, ar_small, world)
+    ring = base + 2 * (world - 1) * step
     return LinkFit(bytes_per_s=bw, step_latency_s=step, base_latency_s=base,
                    half_bandwidth_bytes=max(0.0, (intercept - p2p_small) * bw),
-                   p2p_small_s=p2p_small, allreduce_small_s=ar_small)
+                   p2p_small_s=p2p_small, allreduce_small_s=ar_small,
+                   collective_overhead_s=max(0.0, ar_small - ring) if world > 1 else 0.0)
 
 
 def _latencies(p2p_small: float, ar_small: float, world: int) -> tuple[float, float]:
     """(base, step) with base + step = p2p and base + 2(N-1) step = all-reduce. When that needs a
-    negative base (the all-reduce is more than 2(N-1) times a send: gloo's all-reduce runs more
-    rounds than a ring's), base is 0 and step = p2p: pipeline sends, the more frequent message,
-    stay exact and the model under-predicts the small all-reduce (written in the entry's notes)."""
+    negative base (the all-reduce is more than 2(N-1) times a send: torch's gloo process group
+    hands every collective to a worker thread and waits for it, which a send does not), base is 0
+    and step = p2p: sends stay exact, and the rest of the small all-reduce is the link's
+    per-collective overhead (`LinkFit.collective_overhead_s`, set by `fit_link`)."""
     if world < 2:
         return p2p_small, 0.0
     step = (ar_small - p2p_small) / (2 * world - 3)

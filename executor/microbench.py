@@ -3,7 +3,8 @@
 Every rank measures its own device while the others do the same (so each sees the share of cores,
 caches and memory bandwidth it has during a run): matmul rates by size and precision, copy
 bandwidth by size, a GPT block's elementwise kernels, scaled-dot-product attention, and the
-shortest time of one autograd-recorded op.
+shortest time of one autograd-recorded op, and the host time per kernel of a GPT block and per
+parameter tensor of an optimizer step (executor.hostbench).
 Then rank 0 and rank 1 time a send/recv ping-pong and all ranks an all-reduce, by message size.
 `rank_main` writes each rank's results to `<out>/rank<R>.json`; executor.measure_machine combines them.
 
@@ -23,6 +24,9 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+
+from partita.executor.hostbench import block_host, optimizer_step_per_tensor
+from partita.planner.enums import OPTIMIZERS
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -54,6 +58,9 @@ def rank_main(rank: int, world: int, plan_json: str, store: str, out: str) -> No
     try:
         result = measure(plan, rank, world)
         Path(out, f"rank{rank}.json").write_text(json.dumps(result), encoding="utf-8")
+        # Tear down together: a gloo rank whose peer closed its sockets first can abort in C++
+        # ("terminate called without an active exception") on the way out.
+        _barrier()
     finally:
         dist.destroy_process_group()
 
@@ -68,7 +75,11 @@ def measure(plan: Plan, rank: int, world: int) -> dict:
                                                device, plan),
               "attention": attention_times(plan.attention_shape, device, plan),
               "op_floor_s": op_floor(device, plan),
-              "op_dispatch_s": op_dispatch(device, plan)}
+              "op_dispatch_s": op_dispatch(device, plan),
+              "block_host": asdict(block_host(device, repeats=plan.repeats)),
+              "optimizer_step_per_tensor_s": {
+                  name: optimizer_step_per_tensor(name, device, repeats=plan.repeats)
+                  for name in OPTIMIZERS}}
     _barrier()
     if world > 1:
         result["p2p"] = p2p_times(plan.message_bytes, rank, device, plan)

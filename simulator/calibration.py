@@ -39,11 +39,12 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker
-from partita.planner.enums import FRAMEWORKS
+from partita.planner.enums import FRAMEWORKS, OPTIMIZERS
 from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import CALIBRATION_DIR
 from partita.planner.provenance import load_by_provenance
 from partita.planner.units import GIB
+from partita.simulator.host import HostCosts
 
 MB = 1e6
 PRECISION_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8")
@@ -55,12 +56,16 @@ DEFAULT_KEYS = ("matmul_shape_by_ideal_us", "matmul_plateau_efficiency", "memory
 MATMUL_KEYS = ("peak_tflops", "measured_mnk_tflops", "plateau_tflops", "like_precision", "source",
                "notes")
 TIER_KEYS = ("efficiency", "step_latency_us", "simple_step_latency_us", "base_latency_us",
+             "collective_overhead_us",
              "half_bandwidth_mb", "nvls_efficiency_by_gpu", "source", "notes")
 TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6),
                "simple_step_latency_us": ("simple_step_latency_s", 1e-6),
                "base_latency_us": ("base_latency_s", 1e-6),
+               "collective_overhead_us": ("collective_overhead_s", 1e-6),
                "half_bandwidth_mb": ("half_bandwidth_bytes", MB)}
 TIER_REQUIRED = ("efficiency", "step_latency_us", "base_latency_us", "half_bandwidth_mb")
+HOST_KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "synchronous",
+             "optimizer_step_per_tensor_us", "source")
 MEMORY_KEYS = ("usable_memory_gib", "cuda_context_gib", "communication_buffers_gib",
                "fragmentation_fraction",
                "framework_buffers_gib", "source", "notes")
@@ -126,6 +131,7 @@ class TierCalibration:
     nvls_efficiency: dict[str, float] = field(default_factory=dict, hash=False)   # by GPU name
     source: tuple[str, ...] = ()
     simple_step_latency_s: float | None = None    # bandwidth (Simple) protocol; None: as LL
+    collective_overhead_s: float = 0.0    # per collective call beyond a send's latency (measured)
 
 
 @dataclass(frozen=True)
@@ -156,9 +162,9 @@ class Calibration:
     tiers: dict[str, TierCalibration] = field(hash=False)
     memory: MemoryCalibration
     files: tuple[str, ...] = ()
-    # Host seconds to issue one autograd-recorded op on the machine `partita calibrate` measured
-    # (`host: {op_dispatch_us}` of its overlay); None where none was measured.
-    local_op_dispatch_s: float | None = None
+    # The host costs `partita calibrate` measured on this machine (its overlay's `host:` section,
+    # simulator/host.py); None where none was measured.
+    local_host: HostCosts | None = None
 
     def gpu(self, name: str) -> GpuCalibration:
         """The GPU's calibration; a GPU without data gets the default curves under its own name."""
@@ -246,9 +252,24 @@ def _parse_file(path: str, shipped_memory: bool) -> dict[str, Any]:
     if top.has("memory"):
         out["memory"] = _parse_memory(top.sub("memory"))
     if top.has("host"):
-        host = top.sub("host")
-        host.only(("op_dispatch_us", "source"))
-        out["host"] = {"op_dispatch_s": host.number("op_dispatch_us", positive=False) * 1e-6}
+        out["host"] = _parse_host(top.sub("host"))
+    return out
+
+
+def _parse_host(c: Checker) -> dict[str, Any]:
+    """A measured machine's host costs (simulator/host.py `HostCosts`), SI."""
+    c.only(HOST_KEYS)
+    out: dict[str, Any] = {}
+    for key in ("op_dispatch_us", "backward_op_dispatch_us"):
+        if c.has(key):
+            out[key.replace("_us", "_s")] = c.number(key, positive=False, minimum=0.0) * 1e-6
+    if c.has("synchronous"):
+        out["synchronous"] = c.bool("synchronous", False)
+    if c.has("optimizer_step_per_tensor_us"):
+        per = c.sub("optimizer_step_per_tensor_us")
+        per.only(OPTIMIZERS)
+        out["optimizer_step_per_tensor_s"] = {
+            name: per.number(name, positive=False, minimum=0.0) * 1e-6 for name in per.mapping}
     return out
 
 
@@ -407,8 +428,10 @@ def _build(merged: dict[str, Any], first_seen: dict[tuple[str, str], str],
                                m["fragmentation_fraction"], tuple(m.get("source", ())),
                                dict(m.get("framework_buffers_bytes", {})),
                                dict(m.get("usable_memory_bytes", {})))
+    host = merged["host"]
     return Calibration(gpus, default, tiers, memory, files,
-                       merged["host"].get("op_dispatch_s"))
+                       HostCosts(**{k: v for k, v in host.items() if k != "source"})
+                       if host else None)
 
 
 def _require(values: dict[str, Any], keys: tuple[str, ...], where: str) -> None:
@@ -486,5 +509,6 @@ def _build_tier(name: str, value: dict[str, Any], origin: str) -> TierCalibratio
     return TierCalibration(name, value["efficiency"], value["step_latency_s"],
                            value["base_latency_s"], value["half_bandwidth_bytes"],
                            dict(value.get("nvls_efficiency", {})),
-                           tuple(value.get("source", ())), value.get("simple_step_latency_s"))
+                           tuple(value.get("source", ())), value.get("simple_step_latency_s"),
+                           value.get("collective_overhead_s", 0.0))
 

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from partita.planner import inventory
+from partita.planner.stages import chunk_ranges
 from partita.simulator.compute import element_bytes
 from partita.simulator.context import StepContext
-from partita.simulator.memory import embedding_parameters, grad_bytes
+from partita.simulator.memory import chunk_blocks, embedding_parameters, grad_bytes
 from partita.simulator.network import Group, collective
 from partita.simulator.result import Span
 from partita.simulator.stepenv import StepEnv
@@ -100,7 +102,8 @@ def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[f
 
 def optimizer_time(env: StepEnv, params: Sequence[float]) -> float:
     """The optimizer update of the largest rank's parameter shard (`params`: per model chunk on
-    one TP rank): memory-bound."""
+    one TP rank): memory-bound on the device, beside the host's work per parameter tensor
+    (`HostCosts.optimizer_step`: measured for a machine `partita calibrate` measured)."""
     ctx, cal = env.ctx, env.cal
     p, t = ctx.parallel, ctx.training
     per_rank = max(sum(params[c] for c in range(r, len(params), p.pipeline))
@@ -111,7 +114,30 @@ def optimizer_time(env: StepEnv, params: Sequence[float]) -> float:
     nbytes = per_rank * per_param
     gpu = ctx.system.gpu
     eff = cal.gpu(gpu.name).memory_efficiency(nbytes)
-    return nbytes / (gpu.memory_bandwidth_bytes_per_s * eff)
+    device_s = nbytes / (gpu.memory_bandwidth_bytes_per_s * eff)
+    return env.host.optimizer_step(t.optimizer, rank_tensors(ctx), device_s)
+
+
+def rank_tensors(ctx: StepContext) -> int:
+    """Parameter tensors of the pipeline rank with the most (its chunks' blocks from the inventory,
+    the embedding's on the first chunk, the head's on the last, as `memory.held_parameters` places
+    them); 0 for a profiled module, whose profile counts parameters, not tensors. The inventory
+    lays a GPT block out as Megatron-LM does (one fused QKV weight and bias)."""
+    if ctx.profile is not None:
+        return 0
+    d, p = ctx.dims, ctx.parallel
+    first, *_, last = inventory.layers(d)
+    ranges = chunk_ranges(d.total_layers, p)
+    per_rank = [0] * p.pipeline
+    for i, (a, b) in enumerate(ranges):
+        enc, dec = chunk_blocks(d, a, b)
+        n = enc * len(inventory.block(d, kind=inventory.block_kind(d, False)).tensors)
+        n += dec * len(inventory.block(d, kind=inventory.block_kind(d, True)).tensors) if dec else 0
+        n += len(first.tensors) if i == 0 else 0
+        if i == len(ranges) - 1:       # the head; a pipelined tied model's copy of the word table
+            n += len(last.tensors) + (1 if d.tie_embeddings and len(ranges) > 1 else 0)
+        per_rank[i % p.pipeline] += n
+    return max(per_rank)
 
 
 # Small all-reduces every step makes outside the gradient reduction (Megatron-LM

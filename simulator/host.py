@@ -9,7 +9,12 @@ are asynchronous, so the host runs ahead while the GPU works: a block pass costs
 max(device, host) and the host is exposed only where it is the bottleneck (small models, small
 micro-batches). With CUDA_LAUNCH_BLOCKING=1 (`training.launch_blocking`) every launch waits for its
 kernel, so each kernel's host time and a synchronisation wait (`launch_blocking_wait_s`) add to the
-device time.
+device time. On a device whose kernels run inside the dispatching call (a CPU: `synchronous`,
+`partita calibrate` on a machine without CUDA) nothing overlaps either: the host's time beyond the
+kernel's own adds to it. An optimizer step costs the host `optimizer_step_per_tensor_s` per
+parameter tensor where the optimizer loops over tensors (torch's single-tensor implementations,
+which torch picks for CPU tensors); the multi-tensor and fused optimizers of GPU training launch a
+few kernels for all tensors together and none is charged.
 
 Kernels per block forward (`forward_kernels`), counted from Megatron-LM's GPT block
 (megatron/core/transformer/transformer_layer.py with its fused kernels): two layer norms, four GEMMs
@@ -24,7 +29,7 @@ and weight gradients of every GEMM; elementwise backwards read two inputs): BACK
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -36,6 +41,13 @@ HOST_FILE = CALIBRATION_DIR / "host.yaml"
 KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "launch_us", "launch_blocking_wait_us",
         "source")
 BACKWARD_KERNELS_PER_FORWARD = 2
+# The stack's own kernels per micro-batch, counted on partita's GPT (planner/models/gpt.py, the
+# executor's model) with executor.hostbench.KernelCount: the embedding's word and position lookups,
+# their sum and a layout copy; the head's final norm, logits GEMM and cross-entropy (log-softmax,
+# NLL). Charged on a synchronous device; where launches are asynchronous the host issues them while
+# the device still runs the blocks before (or after) them.
+EMBEDDING_FORWARD_KERNELS = 4
+HEAD_FORWARD_KERNELS = 4
 
 
 @dataclass(frozen=True)
@@ -44,6 +56,9 @@ class HostCosts:
     launch_s: float = 0.0
     launch_blocking_wait_s: float = 0.0
     backward_op_dispatch_s: float | None = None   # per backward kernel; None: = op_dispatch_s
+    synchronous: bool = False                     # kernels run inside the call (a CPU device)
+    # host seconds per parameter tensor of one optimizer step, by optimizer (adam, sgd)
+    optimizer_step_per_tensor_s: dict[str, float] = field(default_factory=dict, hash=False)
 
     @property
     def per_kernel_s(self) -> float:
@@ -62,9 +77,18 @@ class HostCosts:
         """Seconds the host adds to `device_s` of GPU work made of `kernels` forward and
         `backward_kernels` backward launches."""
         host = kernels * self.per_kernel_s + backward_kernels * self.per_backward_kernel_s
+        if self.synchronous:
+            return host
         if blocking:
             return host + (kernels + backward_kernels) * self.launch_blocking_wait_s
         return max(0.0, host - device_s)
+
+
+    def optimizer_step(self, optimizer: str, tensors: float, device_s: float) -> float:
+        """Seconds of one optimizer step over `tensors` parameter tensors whose arithmetic takes
+        `device_s`: the host's per-tensor work beside it (after it on a synchronous device)."""
+        host = tensors * self.optimizer_step_per_tensor_s.get(optimizer, 0.0)
+        return device_s + host if self.synchronous else max(device_s, host)
 
 
 def forward_kernels(*, decoder: bool, tensor: int, attention: str) -> int:

@@ -41,6 +41,10 @@ class Tier:
     base_latency_s: float = 0.0         # per collective call
     half_bandwidth_bytes: float = 0.0   # n_1/2 of the efficiency ramp
     simple_latency_s: float | None = None   # per step, bandwidth protocol (Simple); None: as LL
+    # Per collective call, beyond a send's latency: a process group that hands each collective to
+    # a worker thread (torch's ProcessGroupGloo queues it, a worker runs gloo's algorithm, the
+    # caller waits on the work) pays that hand-off; measured by `partita calibrate` (0 elsewhere).
+    collective_overhead_s: float = 0.0
 
     def step_latency(self, protocol: str) -> float:
         """Per-step latency of NCCL's `protocol` ("ll" or "simple")."""
@@ -116,7 +120,7 @@ def tier_from_calibration(t: TierCalibration, bytes_per_s: float,
     if t.simple_step_latency_s is not None and not measured:
         simple = max(t.simple_step_latency_s, latency)      # never below the wire or LL figure
     return Tier(t.kind, bytes_per_s, latency, t.efficiency, t.base_latency_s, t.half_bandwidth_bytes,
-                simple)
+                simple, t.collective_overhead_s)
 
 
 def build_topology(system: System, cal: Calibration, *, inter_node_gbps: float | None = None,
@@ -396,11 +400,20 @@ def collective(kind: str, algorithm: str, nbytes: float, group: Group, topo: Top
     if kind != "allreduce":
         if algorithm not in ("auto", "ring"):
             raise PartitaError(f"{kind} runs as a ring; algorithm {algorithm!r} is for all-reduce")
-        return {"reduce_scatter": reduce_scatter, "all_gather": all_gather,
-                "alltoall": alltoall}[kind](nbytes, group, topo)
-    if algorithm == "auto":
-        return min(f(nbytes, group, topo) for f in auto_candidates(group, topo))
-    return ALLREDUCE[algorithm](nbytes, group, topo)
+        seconds = {"reduce_scatter": reduce_scatter, "all_gather": all_gather,
+                   "alltoall": alltoall}[kind](nbytes, group, topo)
+    elif algorithm == "auto":
+        seconds = min(f(nbytes, group, topo) for f in auto_candidates(group, topo))
+    else:
+        seconds = ALLREDUCE[algorithm](nbytes, group, topo)
+    return seconds + _call_overhead(group, topo) if seconds > 0 else seconds
+
+
+def _call_overhead(group: Group, topo: Topology) -> float:
+    """`Tier.collective_overhead_s` of the tier the group's collective crosses last (the network
+    across nodes, else the link inside the node)."""
+    tier = topo.inter if group.nodes > 1 else topo.intra
+    return tier.collective_overhead_s if tier is not None else 0.0
 
 
 def auto_candidates(group: Group, topo: Topology) -> list:

@@ -23,7 +23,8 @@ from partita.simulator.chunkcost import ChunkCost
 from partita.simulator.compute import (LayerTimes, element_bytes, elementwise_time, embedding_times,
                                head_times, layer_times)
 from partita.simulator.context import StepContext
-from partita.simulator.host import BACKWARD_KERNELS_PER_FORWARD, forward_kernels
+from partita.simulator.host import (BACKWARD_KERNELS_PER_FORWARD, EMBEDDING_FORWARD_KERNELS,
+                                    HEAD_FORWARD_KERNELS, forward_kernels)
 from partita.simulator.memory import (block_parameter_tensors, block_parameters, chunk_blocks,
                                       embedding_parameters)
 from partita.simulator.network import Group, collective, cp_ring_time, p2p
@@ -209,10 +210,17 @@ def chunk_costs(env: StepEnv) -> list[ChunkCost]:
         if dec is not None:
             for k, v in dec.parts.items():
                 parts[k] = parts.get(k, 0.0) + n_dec * v
-        for extra, present in ((emb, i == 0), (head, i == len(ranges) - 1)):
+        for extra, present, kernels in ((emb, i == 0, EMBEDDING_FORWARD_KERNELS),
+                                        (head, i == len(ranges) - 1, HEAD_FORWARD_KERNELS)):
             if present:
                 f, bw, w = f + extra.fwd_s, bw + extra.bwd_s, w + extra.bwd_weight_s
                 parts["compute"] = parts.get("compute", 0.0) + extra.fwd_s + extra.bwd_s
+                if env.host.synchronous:
+                    hf = env.host.exposed(0.0, kernels, False)
+                    hb = env.host.exposed(0.0, 0, False,
+                                          backward_kernels=BACKWARD_KERNELS_PER_FORWARD * kernels)
+                    f, bw = f + hf, bw + hb
+                    _add(parts, "host", hf + hb)
         hp = _hp_grad_update(env, n_enc, n_dec, i == 0 or i == len(ranges) - 1)
         if hp:
             bw, w = bw + hp, w + hp

@@ -50,8 +50,8 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
         oh = Overheads()        # `partita calibrate` measured this machine as the executor runs it
     else:
         oh = load_overheads()
-    # On `local`, `partita calibrate` measured the host's dispatch per op (none measured: none).
-    host = HostCosts(op_dispatch_s=cal.local_op_dispatch_s or 0.0) if local else load_host_costs()
+    # On `local`, `partita calibrate` measured the host's costs (none measured: none).
+    host = (cal.local_host or HostCosts()) if local else load_host_costs()
     env = StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal, oh=oh, host=host)
     model = model_costs(ctx)
     chunks = model.chunk_costs(env)

@@ -93,6 +93,13 @@ def test_link_fit_keeps_send_exact_when_all_reduce_is_slow():
     fit = fit_link(p2p, [[4, 300e-6]], world=2)                     # 6x a send: no ring fits
     assert (fit.base_latency_s, fit.step_latency_s) == (0.0, 50e-6)
     assert fit.bytes_per_s == pytest.approx(3 * MIB / 1.5e-3)
+    # the rest of the small all-reduce is a per-collective overhead: the model gives it back
+    assert fit.collective_overhead_s == pytest.approx(300e-6 - 2 * 50e-6)
+
+
+def test_link_fit_has_no_collective_overhead_when_a_ring_fits():
+    p2p = [[4, 50e-6], [MIB, 550e-6], [4 * MIB, 2050e-6]]
+    assert fit_link(p2p, [[4, 80e-6]], world=2).collective_overhead_s == 0.0
 
 
 def test_threads_per_process_shares_the_cores(monkeypatch):
@@ -189,17 +196,28 @@ def test_memory_curve_never_claims_a_measured_matmul_slower_than_it_ran(calibrat
 
 
 @pytest.mark.slow
-def test_host_dispatch_is_measured_and_read_back_for_local(calibrated):
-    """`partita calibrate` measures the host's time to issue one autograd-recorded op and writes it
-    to the overlay's `host` section; the simulator reads it for `local` (simulator/host.py)."""
+def test_host_costs_are_measured_and_read_back_for_local(calibrated):
+    """`partita calibrate` measures the host's time per kernel of a GPT block pass (forward and
+    backward) and per parameter tensor of an optimizer step, and writes them to the overlay's
+    `host` section with `synchronous` on a CPU; the simulator reads them back for `local`
+    (simulator/host.py)."""
     from partita.executor.machine_files import calibration_document
     from partita.simulator.calibration import load_calibration
     home, report = calibrated
-    assert 0 < report["op_dispatch_s"] < 1e-2
+    block = report["block_host"]
+    assert block["forward_kernels"] >= 10 and block["backward_kernels"] > block["forward_kernels"]
+    assert 0 < block["forward_per_kernel_s"] < 1e-3 and 0 < block["backward_per_kernel_s"] < 1e-3
+    per_tensor = report["optimizer_step_per_tensor_s"]
+    assert set(per_tensor) == {"adam", "sgd"} and per_tensor["adam"] > per_tensor["sgd"] > 0
     doc = calibration_document(_calibrated_from(report))
-    assert doc["host"]["op_dispatch_us"] == pytest.approx(report["op_dispatch_s"] * 1e6, rel=1e-3)
+    assert doc["host"]["op_dispatch_us"] == pytest.approx(block["forward_per_kernel_s"] * 1e6,
+                                                          rel=1e-3)
+    assert doc["host"]["synchronous"] is True
     path = home / "overlay.yaml"
     import yaml
     path.write_text(yaml.safe_dump(doc))
-    cal = load_calibration(path, include_local=False)
-    assert cal.local_op_dispatch_s == pytest.approx(report["op_dispatch_s"], rel=1e-3)
+    host = load_calibration(path, include_local=False).local_host
+    assert host.synchronous
+    assert host.op_dispatch_s == pytest.approx(block["forward_per_kernel_s"], rel=1e-3)
+    assert host.per_backward_kernel_s == pytest.approx(block["backward_per_kernel_s"], rel=1e-3)
+    assert host.optimizer_step_per_tensor_s["adam"] == pytest.approx(per_tensor["adam"], rel=1e-3)

@@ -44,6 +44,22 @@ def system(gpu=None, intra="nvswitch", inter="efa", node_gbps=400, gpus=8, kind=
 
 # ---- hand-computed answers ----
 
+def test_a_collective_overhead_is_paid_per_collective_call_not_per_send():
+    """`Tier.collective_overhead_s` (gloo's hand-off of each collective to a worker thread, as
+    `partita calibrate` measures it) adds once to every collective over that tier, never to a
+    point-to-point send, and not to a collective of one rank (which does nothing)."""
+    slow = replace(IDEAL_INTRA, collective_overhead_s=1e-4)
+    topo = Topology("t", 8, slow, replace(IDEAL_INTER, collective_overhead_s=3e-4))
+    for kind in ("allreduce", "reduce_scatter", "all_gather"):
+        assert collective(kind, "auto", S, Group(4, 4), topo) == pytest.approx(
+            collective(kind, "auto", S, Group(4, 4), IDEAL) + 1e-4)
+        assert collective(kind, "ring", S, Group(16, 8), topo) == pytest.approx(
+            collective(kind, "ring", S, Group(16, 8), IDEAL) + 3e-4)     # across nodes: the NIC's
+    assert collective("allreduce", "auto", S, Group(1, 1), topo) == 0.0
+    assert p2p(S, True, topo) == p2p(S, True, IDEAL)
+
+
+
 def test_ring_moves_two_n_minus_one_over_n_of_the_buffer():
     for n in (2, 4, 8):
         assert ring_allreduce(S, Group(n, n), IDEAL) == pytest.approx(2 * (n - 1) / n * S / (300 * GB))

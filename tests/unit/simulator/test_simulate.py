@@ -433,6 +433,76 @@ def test_backward_kernels_cost_their_own_host_time_and_recompute_the_forwards():
     assert a.backward_s - b.backward_s == pytest.approx(8 * 2 * kf * 2e-6, rel=1e-9)
 
 
+def test_a_synchronous_device_adds_every_kernels_host_time_to_its_own():
+    """On a CPU (kernels run inside the dispatching call) the host time adds to the device time
+    even where the device is the slower: blocks, the embedding's and the head's kernels."""
+    from partita.simulator.host import (BACKWARD_KERNELS_PER_FORWARD, EMBEDDING_FORWARD_KERNELS,
+                                        HEAD_FORWARD_KERNELS, HostCosts, forward_kernels)
+    doc = small(tensor=1, pipeline=2, data=8)
+    none = _chunks(doc, HostCosts())
+    sync = _chunks(doc, HostCosts(op_dispatch_s=1e-9, backward_op_dispatch_s=2e-9,
+                                  synchronous=True))
+    kf = forward_kernels(decoder=False, tensor=1, attention="flash")
+    blocks = 4
+    for chunk, extra in ((0, EMBEDDING_FORWARD_KERNELS), (1, HEAD_FORWARD_KERNELS)):
+        kernels = blocks * kf + extra
+        assert sync[chunk].forward_s - none[chunk].forward_s == pytest.approx(kernels * 1e-9)
+        assert sync[chunk].backward_s - none[chunk].backward_s == pytest.approx(
+            BACKWARD_KERNELS_PER_FORWARD * kernels * 2e-9)
+
+
+def test_optimizer_host_time_per_tensor_beside_or_after_the_device():
+    from partita.simulator.host import HostCosts
+    per = {"adam": 2e-5}
+    assert HostCosts(optimizer_step_per_tensor_s=per).optimizer_step("adam", 10, 1e-3) == 1e-3
+    assert HostCosts(optimizer_step_per_tensor_s=per).optimizer_step("adam", 100, 1e-3) == 2e-3
+    assert HostCosts(optimizer_step_per_tensor_s=per, synchronous=True).optimizer_step(
+        "adam", 10, 1e-3) == pytest.approx(1.2e-3)
+    assert HostCosts(optimizer_step_per_tensor_s=per).optimizer_step("sgd", 100, 1e-3) == 1e-3
+
+
+@pytest.mark.parametrize("name, world, split_qkv", [("tiny-gpt-pp2", 2, 4),
+                                                   ("tiny-llama-pp2-dp2", 4, 0)])
+def test_rank_tensors_count_the_executors_parameter_tensors(name, world, split_qkv):
+    """The optimizer's per-tensor host work counts the parameter tensors of the busiest pipeline
+    rank: the executor's own model holds as many, less `split_qkv` per block (partita's GPT keeps
+    q, k and v apart, weight and bias, where the inventory has Megatron-LM's fused QKV)."""
+    import torch
+    import yaml
+    from partita.executor.plan import execution_plan
+    from partita.executor.stages import build_chunks
+    from partita.planner.paths import SCENARIOS_DIR
+    from partita.simulator.context import resolve
+    from partita.simulator.dataparallel import rank_tensors
+    doc = yaml.safe_load((SCENARIOS_DIR / f"{name}.yaml").read_text())
+    doc["cluster"] = {"system": "dgx-a100-80gb", "gpus": world}     # any system: counts only
+    scenario = parse_scenario(doc)
+    plan = execution_plan(scenario, world)
+    held = []
+    for stage in range(plan.pipeline):
+        chunks, _, _ = build_chunks(plan, scenario.model.resolve(), plan.stages_of(stage),
+                                    torch.device("cpu"), 0)
+        blocks = sum(len(plan.layers_of(s)) for s in plan.stages_of(stage)) - 1   # + emb or head
+        held.append(sum(len(list(c.parameters())) for c in chunks) - split_qkv * blocks)
+    assert rank_tensors(resolve(scenario, load_catalog())) == max(held)
+
+
+@pytest.mark.parametrize("host, message", [
+    ("{bogus_us: 1}", "host.bogus_us"),
+    ("{optimizer_step_per_tensor_us: {lamb: 3}}", "optimizer_step_per_tensor_us.lamb"),
+    ("{op_dispatch_us: -2}", "op_dispatch_us"),
+    ("{synchronous: maybe}", "synchronous"),
+])
+def test_a_bad_host_section_of_an_overlay_is_one_error_naming_the_key(tmp_path, host, message):
+    from partita.planner.errors import PartitaError
+    from partita.simulator.calibration import load_calibration
+    f = tmp_path / "overlay.yaml"
+    f.write_text(f"host: {host}\n")
+    with pytest.raises(PartitaError) as exc:
+        load_calibration(f, include_local=False)
+    assert str(f) in str(exc.value) and message in str(exc.value)
+
+
 def test_host_yaml_without_a_backward_dispatch_uses_the_forwards(tmp_path):
     from partita.simulator.host import load_host_costs
     f = tmp_path / "host.yaml"
