@@ -187,9 +187,8 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
                  framework: str = "megatron",
                  activation_model: ActivationModel = MEGATRON) -> MemoryEstimate:
     """Memory of one GPU holding `blocks` encoder/decoder-only blocks and `decoder_blocks` t5
-    decoder blocks (default: the whole model), `inflight` micro-batches of activations, the
-    embedding on the first rank and the head on the last, each layer's activations as
-    `activation_model` counts them."""
+    decoder blocks (default: the whole model), `inflight` micro-batches of `activation_model`'s
+    activations."""
     if blocks is None:
         blocks, decoder_blocks = dims.layers, dims.decoder_layers
     shard = dp * cp
