@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT))
 
 from partita.planner.catalog import load_catalog  # noqa: E402
 from partita.validation.crossval import dev_rows  # noqa: E402
-from partita.fitting.step_time import PARAMS, Predictor, fit, write_fitted  # noqa: E402
+from partita.fitting.step_time import Predictor, fit, write_fitted  # noqa: E402
 from partita.validation.runner import load_split, summarize  # noqa: E402
 
 
@@ -35,7 +35,7 @@ def main() -> int:
     pred = Predictor(catalog)
     t0 = time.time()
     result = fit(fit_rows, catalog, predictor=pred)
-    print(f"fitted {len(PARAMS)} numbers in {time.time() - t0:.0f} s ({result.evaluations} "
+    print(f"fitted {len(result.values)} numbers in {time.time() - t0:.0f} s ({result.evaluations} "
           f"evaluations over {len(fit_rows)} fit rows), loss {result.loss:.5f}")
     for name, value in result.values.items():
         print(f"  {name:40s} {value:.3f}")

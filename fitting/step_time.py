@@ -8,16 +8,17 @@ pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 
 `benchmarks/fit_overheads.py` runs it on the split's fit rows and stores the result; the
 leave-one-source-out check (`validation.crossval`) runs the same function once per left-out source.
 
-The fitted parameters are `PARAMS`; every other number the simulator reads is measured or published
-and is read from the file as it stands. A row only reads the parameters of its GPU family,
-precision and framework, so its prediction is cached on those values: a finite-difference column
-for the V100 fraction re-simulates the V100 rows only.
+The fitted parameters are `params(families)`: one sustained matmul fraction per GPU family (the
+catalog's `gpus[].family`, `fitted_families`), then the ZeRO-3 collective fraction; every other
+number the simulator reads is measured or published and is read from the file as it stands. A row
+only reads the parameters of its GPU family, precision and framework, so its prediction is cached
+on those values: a finite-difference column for the V100 fraction re-simulates the V100 rows only.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from partita.fitting.writer import FittedFile, write_fitted_file
+from partita.planner.catalog import load_catalog
 from partita.planner.errors import PartitaError
 from partita.simulator.overheads import FITTED_FILE, Overheads, load_overheads
 
@@ -32,7 +34,7 @@ if TYPE_CHECKING:        # the rows come from partita.validation, which imports 
     from partita.validation.rowmap import MappedRow
 
 DELTA = 0.1
-FAMILIES = ("v100", "a100", "h100")
+SUSTAINED = "sustained_matmul_fraction"
 
 
 @dataclass(frozen=True)
@@ -43,31 +45,68 @@ class Param:
     high: float
 
 
-# The fitted numbers, in the order of the optimiser's vector (units in the names).
-PARAMS: tuple[Param, ...] = (
-    Param("sustained_matmul_fraction.v100", 1.0, 0.3, 1.0),
-    Param("sustained_matmul_fraction.a100", 1.0, 0.3, 1.0),
-    Param("sustained_matmul_fraction.h100", 1.0, 0.3, 1.0),
-    Param("zero3_collective_fraction.deepspeed", 1.0, 0.05, 1.0),
-)
+@dataclass(frozen=True, kw_only=True)
+class Families:
+    """The GPU families a fit gives a sustained fraction: `fitted` each its own parameter, `copies`
+    (family -> fitted family) the number of a family on the same chip."""
+
+    fitted: tuple[str, ...]
+    copies: dict[str, str] = field(default_factory=dict, hash=False)
+
+
+def _chip(gpu) -> tuple:
+    """What the sustained matmul fraction is a property of: the architecture, its SMs and their
+    clocks (the dense peak FLOP/s per precision); memory size and bandwidth are not part of it."""
+    return gpu.extra.get("arch"), gpu.extra.get("sm_count"), tuple(sorted(gpu.peak_flops.items()))
+
+
+def fitted_families(catalog, rows_families: Iterable[str | None], stored: Iterable[str]) -> Families:
+    """The catalog's GPU families (catalog order) that a fit row runs on or the fitted file already
+    holds (`stored`), so every fit, leave-one-source-out folds included, has the same parameters.
+    A family whose GPUs are the same chip (`_chip`) as an earlier family's copies that family's
+    number (H200: the H100's GH100 chip and clocks with more, faster memory)."""
+    wanted = set(rows_families) | set(stored)
+    gpus = [catalog.gpu(n) for n in catalog.gpu_names()]
+    chips: dict[tuple, str] = {}
+    fitted, copies = [], {}
+    for family in catalog.gpu_families():
+        if family not in wanted:
+            continue
+        chip = {_chip(g) for g in gpus if g.family == family}
+        first = chips.get(next(iter(chip))) if len(chip) == 1 else None
+        if first is not None:
+            copies[family] = first
+            continue
+        fitted.append(family)
+        chips.update((c, family) for c in chip)
+    return Families(fitted=tuple(fitted), copies=copies)
+
+
+def params(families: Families) -> tuple[Param, ...]:
+    """The fitted numbers, in the order of the optimiser's vector (units in the names)."""
+    return (tuple(Param(f"{SUSTAINED}.{f}", 1.0, 0.3, 1.0) for f in families.fitted)
+            + (Param("zero3_collective_fraction.deepspeed", 1.0, 0.05, 1.0),))
 
 
 @dataclass(frozen=True)
 class FitResult:
-    values: dict[str, float]          # PARAMS name -> fitted value
+    values: dict[str, float]          # params(families) name -> fitted value
+    families: Families
     overheads: Overheads
     rows: tuple[str, ...]             # the row ids fitted on
     evaluations: int
     loss: float                       # mean pseudo-Huber loss at the optimum
 
 
-def overheads_from(values: dict[str, float], base: Overheads | None = None) -> Overheads:
+def overheads_from(values: dict[str, float], families: Families,
+                   base: Overheads | None = None) -> Overheads:
     """training.yaml's stored overheads with the fitted numbers replaced by `values`."""
     base = base if base is not None else load_overheads()
-    fam = {f: values[f"sustained_matmul_fraction.{f}"] for f in FAMILIES}
-    fam["h200"] = fam["h100"]                        # same GH100 chip and clocks
+    fam = {f: values[f"{SUSTAINED}.{f}"] for f in families.fitted}
+    fam |= {f: fam[of] for f, of in families.copies.items()}
     return replace(
-        base, sustained_default=float(np.median([fam[f] for f in FAMILIES])),
+        base, sustained_default=(float(np.median([fam[f] for f in families.fitted]))
+                                 if families.fitted else base.sustained_default),
         sustained_by_family=fam,
         zero3_collective_fraction={"deepspeed": values["zero3_collective_fraction.deepspeed"]})
 
@@ -121,29 +160,32 @@ class Predictor:
 
 def fit(rows: Sequence[MappedRow], catalog, *, predictor: Predictor | None = None,
         base: Overheads | None = None, max_nfev: int = 200) -> FitResult:
-    """Fit PARAMS to `rows` (see the module docstring for the objective and the optimiser)."""
+    """Fit `params` to `rows` (see the module docstring for the objective and the optimiser)."""
     if not rows:
         raise ValueError("fit: no rows to fit on")
     base = base if base is not None else load_overheads()
     pred = predictor if predictor is not None else Predictor(catalog)
+    families = fitted_families(catalog if catalog is not None else load_catalog(),
+                               (pred.gpu_family(m) for m in rows), base.sustained_by_family)
+    every = params(families)
     # A GPU family no row runs on is not fitted: it gets the median of the fitted families, as the
     # simulator gives a family without rows (`Overheads.sustained_default`).
-    seen = {f for f in FAMILIES for m in rows if pred.gpu_family(m) == f}
-    unseen = [f"sustained_matmul_fraction.{f}" for f in FAMILIES if f not in seen]
-    free = [p for p in PARAMS if p.name not in unseen]
+    seen = {f for f in families.fitted for m in rows if pred.gpu_family(m) == f}
+    unseen = [f"{SUSTAINED}.{f}" for f in families.fitted if f not in seen]
+    free = [p for p in every if p.name not in unseen]
     start = np.array([p.start for p in free])
     low = np.array([p.low for p in free])
     high = np.array([p.high for p in free])
 
     def values(x) -> dict[str, float]:
         out = {p.name: float(np.clip(v, p.low, p.high)) for p, v in zip(free, x)}
-        fitted = [out[f"sustained_matmul_fraction.{f}"] for f in FAMILIES if f in seen]
+        fitted = [out[f"{SUSTAINED}.{f}"] for f in families.fitted if f in seen]
         for name in unseen:
             out[name] = float(np.median(fitted)) if fitted else 1.0
-        return {p.name: out[p.name] for p in PARAMS}
+        return {p.name: out[p.name] for p in every}
 
     def residuals(x):
-        errs = pred.errors(rows, overheads_from(values(x), base))
+        errs = pred.errors(rows, overheads_from(values(x), families, base))
         return np.array([math.log1p(errs[k]) for k in sorted(errs)])
 
     # Finite differences step by 1e-3 of each value; a physical start at its upper bound steps in.
@@ -152,27 +194,28 @@ def fit(rows: Sequence[MappedRow], catalog, *, predictor: Predictor | None = Non
                         diff_step=1e-3, xtol=1e-4, max_nfev=max_nfev)
     best = values(res.x)
     loss = float(np.mean(DELTA ** 2 * (np.sqrt(1.0 + (res.fun / DELTA) ** 2) - 1.0)))
-    return FitResult(values=best, overheads=overheads_from(best, base),
+    return FitResult(values=best, families=families, overheads=overheads_from(best, families, base),
                      rows=tuple(m.row_id for m in rows), evaluations=int(res.nfev), loss=loss)
 
 
 def fitted_file(result: FitResult) -> FittedFile:
     """What data/calibration/fitted.yaml holds for a fit: the values with the rows, objective and
     command behind them."""
-    v = result.values
-    fam = {f: round(v[f"sustained_matmul_fraction.{f}"], 3) for f in FAMILIES}
+    v, families = result.values, result.families
+    fam = {f: round(v[f"{SUSTAINED}.{f}"], 3) for f in families.fitted}
     sustained = {"default": round(float(np.median(list(fam.values()))), 3), **fam,
-                 "h200": fam["h100"]}
+                 **{f: fam[of] for f, of in families.copies.items()}}
+    copies = "".join(f"; {f} = {of}" for f, of in families.copies.items())
     return FittedFile(
         title="The framework numbers fitted to measured step times (fitting/step_time.py); "
               "facts are in training.yaml, host.yaml, compute.yaml, network.yaml.",
         command=COMMAND, objective=OBJECTIVE, rows=result.rows, loss=round(result.loss, 6),
-        values={"sustained_matmul_fraction": sustained,
+        values={SUSTAINED: sustained,
                 "zero3_collective_fraction": {
                     "deepspeed": round(v["zero3_collective_fraction.deepspeed"], 3)}},
         notes=("sustained_matmul_fraction: in-training matmul throughput / best-shape sweep, per "
-               "GPU family; default: the median, for families without rows; h200 = h100 (the same "
-               "GH100 chip and clocks).",
+               f"GPU family; default: the median, for families without rows{copies} (the same "
+               "chip: architecture, SMs and peak FLOP/s in the catalog).",
                "zero3_collective_fraction: ZeRO-3 gathers and scatters, fraction of the modelled "
                "bandwidth, per framework."))
 

@@ -242,6 +242,10 @@ class Catalog:
     def gpu_names(self) -> list[str]:
         return [g.name for g in self._gpus.values()]
 
+    def gpu_families(self) -> list[str]:
+        """Every GPU `family` (the key of per-family fitted numbers), once each, in catalog order."""
+        return list(dict.fromkeys(g.family for g in self._gpus.values() if g.family is not None))
+
     def system_names(self, sagemaker: bool = False) -> list[str]:
         """Every system name; with `sagemaker`, also the `ml.` name of each cloud instance."""
         names = [s.name for s in self._systems.values()]

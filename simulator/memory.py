@@ -8,28 +8,26 @@ Sec. 5: (2 + 2 + K) * psi / N_d) shards over the data-parallel (times context-pa
 1 the optimizer state (Megatron's distributed optimizer, 6 + 12/d), stage 2 also the gradients (kept
 16-bit as DeepSpeed does), stage 3 also the parameters, plus two layers' gathered parameters.
 
-Activations per transformer layer follow Korthikanti et al. 2022 ("Reducing Activation
-Recomputation", Sec. 4.1, Table 2): s*b*h*(34 + 5*a*s/h) bytes at 16-bit with no parallelism,
-(10 + 24/t + 5as/(ht)) with tensor parallelism, (34 + 5as/h)/t with sequence parallelism;
-selective recomputation drops the 5as/h attention-score term, full recomputation keeps only the
-layer input (2sbh) plus, while one block is recomputed for its backward, that block's whole
-activations (Chen et al. 2016, Sec. 4.1: checkpoints plus the largest segment). A flash-style
-attention kernel never stores the scores, so with `flash_attention=True` (the compute model's
-kernel) the 5as/h term is absent whatever the recompute.
+Activations are the inventory's layers (`planner.inventory`) counted by an activation model
+(`planner.activations`; `MEGATRON` by default: Korthikanti et al. 2022, Sec. 4.1, Table 2, with
+tensor, sequence and context parallelism and recompute). Full recomputation keeps each block's
+input plus, while one block is recomputed for its backward, that block's whole activations
+(Chen et al. 2016, Sec. 4.1: checkpoints plus the largest segment); the head's logits are counted
+under `other`.
 A rank holds the activations of the micro-batches in flight (`activation_microbatches`).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from partita.planner import inventory
+from partita.planner.activations import MEGATRON, ActivationModel, ActivationSettings
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 from partita.planner.stages import chunk_ranges
 from partita.simulator.calibration import Calibration
-from partita.simulator.compute import element_bytes
 from partita.simulator.frameworks import framework_profile
 
 KEYS = ("parameters", "gradients", "optimizer", "activations", "other")
@@ -156,37 +154,6 @@ def bytes_per_parameter(precision: str, optimizer: str, zero: int, shard: int,
 
 # ---- activations ----
 
-def _has_dropout(dims: TransformerDims) -> bool:
-    return dims.arch != "llama"                  # Korthikanti counts dropout masks; llama has none
-
-
-def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int = 1, sp: bool = False,
-                           cp: int = 1, precision: str = "bf16", recompute: str = "none",
-                           flash_attention: bool = True, decoder: bool = False) -> float:
-    """Bytes one block keeps for its backward, for one micro-batch (Korthikanti et al. 2022)."""
-    e = element_bytes(precision)
-    sb = dims.seq_len / cp * micro_batch
-    h = dims.hidden
-    if recompute == "full":
-        return e * sb * h / (tp if sp else 1)
-    hd = dims.head_dim
-    q_heads, kv_heads = dims.heads // tp, max(dims.kv_heads // tp, 1)
-    gated = dims.arch == "llama"
-    attn_blocks = 2 if decoder else 1
-    sublayers = 3 if decoder else 2
-    # replicated across TP ranks unless sequence parallel: norm inputs, GEMM inputs (+ masks)
-    replicated = e * (2 * sublayers) * h + (sublayers if _has_dropout(dims) else 0) * h
-    # TP-sharded: Q, K, V, attention output (O-proj input), MLP up output and activation output
-    sharded = e * attn_blocks * ((q_heads + 2 * kv_heads) * hd + q_heads * hd)
-    sharded += e * ((2 if gated else 1) + 1) * dims.ffn_hidden / tp
-    if flash_attention:
-        sharded += attn_blocks * 4 * q_heads                   # fp32 logsumexp per query and head
-    elif recompute == "none":                                  # scores, softmax, dropout (5as/h)
-        score_bytes = 5 if _has_dropout(dims) else 2
-        sharded += attn_blocks * score_bytes * q_heads * dims.seq_len
-    return sb * (replicated / (tp if sp else 1) + sharded)
-
-
 def activation_microbatches(schedule: str, pipeline: int, microbatches: int, rank: int = 0,
                             virtual: int = 1) -> float:
     """Micro-batches' worth of a pipeline rank's activations held at the peak.
@@ -217,37 +184,37 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
                  sp: bool = False, zero: int = 0, pipeline: int = 1, blocks: int | None = None,
                  decoder_blocks: int = 0, first: bool = True, last: bool = True,
                  inflight: float = 1.0, flash_attention: bool = True,
-                 framework: str = "megatron") -> MemoryEstimate:
+                 framework: str = "megatron",
+                 activation_model: ActivationModel = MEGATRON) -> MemoryEstimate:
     """Memory of one GPU holding `blocks` encoder/decoder-only blocks and `decoder_blocks` t5
-    decoder blocks (default: the whole model), `inflight` micro-batches of activations."""
+    decoder blocks (default: the whole model), `inflight` micro-batches of `activation_model`'s
+    activations."""
     if blocks is None:
         blocks, decoder_blocks = dims.layers, dims.decoder_layers
     shard = dp * cp
     params = held_parameters(dims, tp=tp, blocks=blocks, decoder_blocks=decoder_blocks, first=first,
                              last=last, pipelined=pipeline > 1)
     w, g, o = bytes_per_parameter(precision, optimizer, zero, shard, framework)
-    kw = dict(tp=tp, sp=sp, cp=cp, precision=precision, recompute=recompute,
-              flash_attention=flash_attention)
-    per_mb = (blocks * block_activation_bytes(dims, micro_batch, **kw)
-              + decoder_blocks * block_activation_bytes(dims, micro_batch, decoder=True, **kw))
-    tokens = dims.seq_len / cp * micro_batch
-    h = dims.hidden
-    if first:                     # token ids (int64) and the embedding dropout mask (Megatron)
-        per_mb += 8 * tokens + (tokens * h / (tp if sp else 1) if _has_dropout(dims) else 0.0)
-    activations = per_mb * inflight
+    s = ActivationSettings(micro_batch=micro_batch, precision=precision, tensor=tp, context=cp,
+                           sequence_parallel=sp, recompute=recompute, flash_attention=flash_attention)
+    held = [(blocks, inventory.block(dims, kind=inventory.block_kind(dims)))]
+    if decoder_blocks:
+        held.append((decoder_blocks, inventory.block(dims, kind="decoder")))
+    if first:
+        held.append((1, inventory.layers(dims)[0]))
+    activations = sum(n * activation_model.layer_bytes(dims, layer, s) for n, layer in held) * inflight
     details: dict[str, float] = {"parameter_count": params}
     if recompute == "full" and blocks + decoder_blocks > 0:
         # The backward re-runs one block's forward from its stored input and holds all that
         # block's activations until its backward is done: checkpoints plus the largest segment
         # (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", Sec. 4.1).
-        segment = block_activation_bytes(dims, micro_batch, **(kw | {"recompute": "none"}),
-                                         decoder=decoder_blocks > 0)
+        segment = activation_model.layer_bytes(dims, held[1 if decoder_blocks else 0][1],
+                                               replace(s, recompute="none"))
         details["recompute_segment"] = segment
         activations += segment
     other = 0.0
-    if last:                      # final-norm and head inputs, fp32 logits in the loss
-        e = element_bytes(precision)
-        logits = 2 * e * tokens * h / (tp if sp else 1) + 4 * tokens * dims.vocab / tp
+    if last:                      # the head's activations: final-norm and head inputs, fp32 logits
+        logits = activation_model.layer_bytes(dims, inventory.layers(dims)[-1], s)
         details["logits"] = logits
         other += logits
     if zero >= 3:                 # two layers' full parameters gathered at once (prefetch)
@@ -288,7 +255,8 @@ def _stage_blocks(dims: TransformerDims, parallel: ParallelSpec) -> list[tuple[i
 def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: ParallelSpec,
                     cal: Calibration, *, microbatches: int | None = None,
                     inflight: Sequence[float] | None = None,
-                    flash_attention: bool = True) -> tuple[MemoryEstimate, ...]:
+                    flash_attention: bool = True,
+                    activation_model: ActivationModel = MEGATRON) -> tuple[MemoryEstimate, ...]:
     """Memory of each pipeline rank of a plan (the largest is the scenario's peak). `inflight`:
     per rank, from the pipeline simulation; default the closed form of `activation_microbatches`."""
     p = parallel.pipeline
@@ -306,5 +274,6 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
             tp=parallel.tensor, dp=parallel.data, cp=parallel.context,
             sp=parallel.sequence_parallel, zero=parallel.zero, pipeline=p, blocks=enc,
             decoder_blocks=dec, first=(rank == 0), last=(rank == p - 1), inflight=held,
-            flash_attention=flash_attention, framework=training.framework))
+            flash_attention=flash_attention, framework=training.framework,
+            activation_model=activation_model))
     return tuple(out)

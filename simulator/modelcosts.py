@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from partita.planner.activations import MEGATRON, ActivationModel
 from partita.planner.costmodel import model_flops_per_step
 from partita.simulator import memory, profiled, stagecosts
 from partita.simulator.chunkcost import ChunkCost
@@ -46,7 +47,10 @@ def _boundaries(ctx: StepContext) -> range:
 
 @dataclass(frozen=True)
 class AnalyticCosts:
-    """A transformer given by its dimensions."""
+    """A transformer given by its dimensions; its activations as `activations` counts them
+    (planner/activations.py)."""
+
+    activations: ActivationModel = MEGATRON
 
     def layer_count(self, ctx: StepContext) -> int:
         return ctx.dims.total_layers
@@ -64,7 +68,8 @@ class AnalyticCosts:
         ctx = env.ctx
         return memory.pipeline_memory(ctx.dims, ctx.training, ctx.parallel, env.cal,
                                       microbatches=ctx.microbatches, inflight=inflight,
-                                      flash_attention=ctx.training.attention == "flash")
+                                      flash_attention=ctx.training.attention == "flash",
+                                      activation_model=self.activations)
 
     def model_flops_per_step(self, ctx: StepContext) -> float:
         return model_flops_per_step(ctx.dims, ctx.training.global_batch)
@@ -94,5 +99,6 @@ class ProfiledCosts:
 
 
 def model_costs(ctx: StepContext) -> ModelCosts:
-    """The implementation for a resolved scenario: profiled for a module model, else analytic."""
-    return ProfiledCosts() if ctx.profile is not None else AnalyticCosts()
+    """The implementation for a resolved scenario: profiled for a module model (its measured
+    per-layer activations), else analytic (Megatron-LM's activations, Korthikanti et al. 2022)."""
+    return ProfiledCosts() if ctx.profile is not None else AnalyticCosts(activations=MEGATRON)

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
+from partita.planner.catalog import load_catalog
 from partita.planner.documents import Checker
 from partita.planner.provenance import load_by_provenance as load_document
 from partita.planner.enums import FRAMEWORKS
@@ -43,7 +44,6 @@ KEYS = ("sustained_matmul_fraction", "fp8_matmul_fraction", "block_overhead_us",
 FITTED_KEYS = ("sustained_matmul_fraction", "zero3_collective_fraction")
 FACT_KEYS = tuple(k for k in KEYS if k not in FITTED_KEYS)
 LIST_COLLECTIVES = ("all_gather", "reduce_scatter")
-FAMILIES = ("default", "v100", "a100", "h100", "h200")
 
 
 @dataclass(frozen=True)
@@ -156,7 +156,7 @@ def _load(path: str, mtime: int, fitted: str | None, fitted_mtime: int) -> Overh
     c = at("sustained_matmul_fraction")
     if c.has("sustained_matmul_fraction"):
         sub = c.sub("sustained_matmul_fraction")
-        sub.only(FAMILIES)
+        sub.only(("default", *load_catalog().gpu_families()))     # the catalog's `gpus[].family`
         default = None                              # unless the section gives one
         for key in sub.mapping:
             value = sub.number(key)

@@ -1,7 +1,7 @@
 """Leave-one-source-out cross-validation of the fitted framework numbers.
 
 For every source (`source_key`) of the dev CSV with a simulable row, `cross_validate()` refits
-`fitting.step_time.PARAMS` on the split's fit rows of the *other* sources, with the same objective
+`fitting.step_time.params` on the split's fit rows of the *other* sources, with the same objective
 and optimiser as `benchmarks/fit_overheads.py`, and predicts every row of the left-out source with
 that fit. Each row's error is so measured by a fit that never saw its source: the figure that says
 how the simulator does on a source it has not seen. A source without fit rows is predicted by the

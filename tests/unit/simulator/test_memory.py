@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from partita.planner.activations import block_activation_bytes
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims, preset_dims
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 from partita.simulator.calibration import load_calibration
-from partita.simulator.memory import (activation_microbatches, block_activation_bytes, block_parameters,
-                              bytes_per_parameter, embedding_parameters, pipeline_memory,
-                              stage_memory)
+from partita.simulator.memory import (activation_microbatches, block_parameters, bytes_per_parameter,
+                                      embedding_parameters, pipeline_memory, stage_memory)
 
 GPT = TransformerDims(arch="gpt", layers=24, hidden=2048, heads=16, seq_len=2048, vocab=51200)
 LLAMA = preset_dims("llama2-7b")
