@@ -51,15 +51,18 @@ class BlockHost:
     backward_kernels: float
 
 
-def median_process_seconds(fn: Callable[[], object], calls: int, repeats: int = 7) -> float:
-    """Median over `repeats` of the process CPU seconds per call of `calls` calls."""
+def median_process_seconds(fn: Callable[[], object], calls: int, repeats: int = 7,
+                           clock: Callable[[], float] = time.process_time) -> float:
+    """Median over `repeats` of the seconds per call of `calls` calls: the process's CPU time by
+    default, or `clock` (time.perf_counter: wall time, which counts the share of a core the
+    process gets where more processes than cores run at once)."""
     fn()
     times = []
     for _ in range(repeats):
-        t0 = time.process_time()
+        t0 = clock()
         for _ in range(calls):
             fn()
-        times.append((time.process_time() - t0) / calls)
+        times.append((clock() - t0) / calls)
     return statistics.median(times)
 
 
@@ -76,10 +79,11 @@ class KernelCount(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def block_host(device: torch.device | None = None, calls: int = 200, repeats: int = 7
-               ) -> BlockHost:
+def block_host(device: torch.device | None = None, calls: int = 200, repeats: int = 7,
+               clock: Callable[[], float] = time.process_time) -> BlockHost:
     """Host seconds per forward and per backward kernel of partita's GPT block (module docstring)
-    on `device` (default the CPU; on CUDA the host's time to issue them, launches included)."""
+    on `device` (default the CPU; on CUDA the host's time to issue them, launches included), by
+    `clock` (see `median_process_seconds`)."""
     device = device or torch.device("cpu")
     d = TransformerDims(arch="gpt", layers=STACK, hidden=8, heads=2, seq_len=4, vocab=16)
     blocks = nn.Sequential(*[GPTBlock(d) for _ in range(STACK)]).to(device)
@@ -91,13 +95,14 @@ def block_host(device: torch.device | None = None, calls: int = 200, repeats: in
         loss.backward()
     kf = fwd_count.kernels / STACK
     kb = (bwd_count.kernels - 1) / STACK          # less the ones-like seed of the loss gradient
-    fwd = median_process_seconds(lambda: blocks(x), calls, repeats)
-    both = median_process_seconds(lambda: blocks(x).sum().backward(), calls, repeats)
+    fwd = median_process_seconds(lambda: blocks(x), calls, repeats, clock)
+    both = median_process_seconds(lambda: blocks(x).sum().backward(), calls, repeats, clock)
     return BlockHost(fwd / STACK / kf, max(both - fwd, 0.0) / STACK / kb, kf, kb)
 
 
 def optimizer_step_per_tensor(name: str, device: torch.device | None = None, calls: int = 100,
-                              repeats: int = 7) -> float:
+                              repeats: int = 7, clock: Callable[[], float] = time.process_time
+                              ) -> float:
     """Host seconds per parameter tensor of one `name` ("adam" | "sgd") step (module docstring)."""
     device = device or torch.device("cpu")
     params = [nn.Parameter(torch.randn(OPTIMIZER_NUMEL, device=device))
@@ -105,4 +110,54 @@ def optimizer_step_per_tensor(name: str, device: torch.device | None = None, cal
     for p in params:
         p.grad = torch.randn_like(p)
     opt = make_optimizer(name, params, 1e-3)
-    return median_process_seconds(opt.step, calls, repeats) / OPTIMIZER_TENSORS
+    return median_process_seconds(opt.step, calls, repeats, clock) / OPTIMIZER_TENSORS
+
+
+PIPELINE_MICROBATCHES = (4, 16)     # two schedule lengths: the step's slope per micro-batch
+
+
+def pipeline_action(rank: int, world: int, repeats: int = 7) -> float:
+    """Host seconds per pipeline action (one micro-batch's forward or backward on one stage) that
+    the executor's schedule (torch.distributed.pipelining's Schedule1F1B) adds to the stage's own
+    work: its bookkeeping and the posting of and waiting on each activation's and gradient's
+    send and receive. Ranks pair up (0-1, 2-3, ...; an odd last rank waits), each pair a
+    two-stage pipeline of an 8 x 8 linear layer, all pairs at once as a run's stages would: the
+    step grows by one forward, one backward and two actions' overhead per micro-batch in the
+    steady state, so the overhead per action is (slope - forward - backward) / 2, with the slope
+    between PIPELINE_MICROBATCHES and the layer's forward and backward timed alone. Wall time:
+    where processes outnumber cores, the share of a core each gets counts. Collective over the
+    default group (every rank must call it); 0 on one process."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    if world < 2:
+        return 0.0
+    pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]
+    mine = rank // 2 if rank // 2 < len(pairs) else None
+    steps = {}
+    alone = 0.0
+    if mine is not None:
+        group, stage_index = pairs[mine], rank % 2
+        layer = nn.Linear(8, 8)
+        stage = PipelineStage(layer, stage_index, 2, torch.device("cpu"), group=group)
+        for m in PIPELINE_MICROBATCHES:
+            schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda y, t: y.sum())
+            x, t = torch.randn(2 * m, 8), torch.randn(2 * m, 8)
+
+            def step():
+                schedule.step(x) if stage_index == 0 else schedule.step(target=t)
+            step()
+            times = []
+            for _ in range(repeats):
+                dist.barrier(group)
+                start = time.perf_counter()
+                step()
+                times.append(time.perf_counter() - start)
+            steps[m] = statistics.median(times)
+        x = torch.randn(2, 8)
+        alone = median_process_seconds(lambda: layer(x).sum().backward(), 200, repeats,
+                                       time.perf_counter)
+    dist.barrier()
+    if mine is None:
+        return 0.0
+    (m1, t1), (m2, t2) = sorted(steps.items())
+    return max(0.0, ((t2 - t1) / (m2 - m1) - alone) / 2)

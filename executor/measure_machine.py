@@ -96,6 +96,7 @@ class Calibrated:
     # optimizer step, by optimizer; empty where not measured
     block_host: dict[str, float] = field(default_factory=dict)
     optimizer_step_per_tensor_s: dict[str, float] = field(default_factory=dict)
+    pipeline_action_s: float = 0.0         # executor.hostbench.pipeline_action (CPU, >= 2 processes)
 
     def best_flops(self, precision: str) -> float:
         return max(rate for *_, rate in self.matmul[precision])
@@ -249,7 +250,9 @@ def combine(machine: Machine, ranks: list[dict]) -> Calibrated:
                                   for k in ranks[0].get("block_host", {})},
                       optimizer_step_per_tensor_s={
                           k: _mean([r.get("optimizer_step_per_tensor_s", {}) for r in ranks], k)
-                          for k in ranks[0].get("optimizer_step_per_tensor_s", {})})
+                          for k in ranks[0].get("optimizer_step_per_tensor_s", {})},
+                      pipeline_action_s=_mean(ranks[:2 * (len(ranks) // 2)],
+                                              "pipeline_action_s"))
 
 
 def _mean(results: list[dict], key: str) -> float:

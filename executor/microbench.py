@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from partita.executor.hostbench import block_host, optimizer_step_per_tensor
+from partita.executor.hostbench import block_host, optimizer_step_per_tensor, pipeline_action
 from partita.planner.enums import OPTIMIZERS
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -76,14 +76,19 @@ def measure(plan: Plan, rank: int, world: int) -> dict:
               "attention": attention_times(plan.attention_shape, device, plan),
               "op_floor_s": op_floor(device, plan),
               "op_dispatch_s": op_dispatch(device, plan),
-              "block_host": asdict(block_host(device, repeats=plan.repeats)),
+              # wall time, all ranks at once: a rank's share of the cores counts, as in a run
+              "block_host": asdict(block_host(device, repeats=plan.repeats,
+                                              clock=time.perf_counter)),
               "optimizer_step_per_tensor_s": {
-                  name: optimizer_step_per_tensor(name, device, repeats=plan.repeats)
+                  name: optimizer_step_per_tensor(name, device, repeats=plan.repeats,
+                                                  clock=time.perf_counter)
                   for name in OPTIMIZERS}}
     _barrier()
     if world > 1:
         result["p2p"] = p2p_times(plan.message_bytes, rank, device, plan)
         result["allreduce"] = allreduce_times(plan.message_bytes, device, plan)
+        if plan.device == "cpu":
+            result["pipeline_action_s"] = pipeline_action(rank, world, plan.repeats)
     return result
 
 

@@ -64,7 +64,7 @@ TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6),
                "collective_overhead_us": ("collective_overhead_s", 1e-6),
                "half_bandwidth_mb": ("half_bandwidth_bytes", MB)}
 TIER_REQUIRED = ("efficiency", "step_latency_us", "base_latency_us", "half_bandwidth_mb")
-HOST_KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "synchronous",
+HOST_KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "pipeline_action_us", "synchronous",
              "optimizer_step_per_tensor_us", "source")
 MEMORY_KEYS = ("usable_memory_gib", "cuda_context_gib", "communication_buffers_gib",
                "fragmentation_fraction",
@@ -260,7 +260,7 @@ def _parse_host(c: Checker) -> dict[str, Any]:
     """A measured machine's host costs (simulator/host.py `HostCosts`), SI."""
     c.only(HOST_KEYS)
     out: dict[str, Any] = {}
-    for key in ("op_dispatch_us", "backward_op_dispatch_us"):
+    for key in ("op_dispatch_us", "backward_op_dispatch_us", "pipeline_action_us"):
         if c.has(key):
             out[key.replace("_us", "_s")] = c.number(key, positive=False, minimum=0.0) * 1e-6
     if c.has("synchronous"):

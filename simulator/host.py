@@ -14,7 +14,10 @@ device time. On a device whose kernels run inside the dispatching call (a CPU: `
 kernel's own adds to it. An optimizer step costs the host `optimizer_step_per_tensor_s` per
 parameter tensor where the optimizer loops over tensors (torch's single-tensor implementations,
 which torch picks for CPU tensors); the multi-tensor and fused optimizers of GPU training launch a
-few kernels for all tensors together and none is charged.
+few kernels for all tensors together and none is charged. A pipeline schedule's own work per
+action (posting and waiting on sends and receives, bookkeeping: `pipeline_action_s`, measured by
+`partita calibrate` for the executor's torch.distributed.pipelining schedules) adds to each
+stage's forward and backward.
 
 Kernels per block forward (`forward_kernels`), counted from Megatron-LM's GPT block
 (megatron/core/transformer/transformer_layer.py with its fused kernels): two layer norms, four GEMMs
@@ -57,6 +60,7 @@ class HostCosts:
     launch_blocking_wait_s: float = 0.0
     backward_op_dispatch_s: float | None = None   # per backward kernel; None: = op_dispatch_s
     synchronous: bool = False                     # kernels run inside the call (a CPU device)
+    pipeline_action_s: float = 0.0                # per forward or backward of a pipeline stage
     # host seconds per parameter tensor of one optimizer step, by optimizer (adam, sgd)
     optimizer_step_per_tensor_s: dict[str, float] = field(default_factory=dict, hash=False)
 
@@ -83,6 +87,16 @@ class HostCosts:
             return host + (kernels + backward_kernels) * self.launch_blocking_wait_s
         return max(0.0, host - device_s)
 
+
+    def pipeline_action(self, device_s: float, pipeline: int) -> float:
+        """Seconds of one pipeline action (a micro-batch's forward or backward on one stage) whose
+        stage work takes `device_s`, with the schedule's own host work per action beside it
+        (after it on a synchronous device); none without a pipeline."""
+        if pipeline < 2 or self.pipeline_action_s <= 0.0:
+            return device_s
+        if self.synchronous:
+            return device_s + self.pipeline_action_s
+        return max(device_s, self.pipeline_action_s)
 
     def optimizer_step(self, optimizer: str, tensors: float, device_s: float) -> float:
         """Seconds of one optimizer step over `tensors` parameter tensors whose arithmetic takes

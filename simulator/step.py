@@ -24,6 +24,7 @@ from functools import lru_cache
 from partita.planner.schedule import build
 from partita.planner.stages import chunk_ranges
 from partita.simulator.calibration import load_calibration
+from partita.simulator.chunkcost import ChunkCost
 from partita.simulator.context import StepContext, resolve
 from partita.simulator.dataparallel import dp_finish_times, optimizer_time, step_sync_time
 from partita.simulator.host import HostCosts, load_host_costs
@@ -54,9 +55,9 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     host = (cal.local_host or HostCosts()) if local else load_host_costs()
     env = StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal, oh=oh, host=host)
     model = model_costs(ctx)
-    chunks = model.chunk_costs(env)
-    act, grad, same = p2p_costs(env, model.boundary_bytes(ctx))
     p = ctx.parallel
+    chunks = [_with_schedule_work(c, host, p.pipeline) for c in model.chunk_costs(env)]
+    act, grad, same = p2p_costs(env, model.boundary_bytes(ctx))
     costs = PipelineCosts(tuple(c.forward_s for c in chunks), tuple(c.backward_s for c in chunks),
                           tuple(c.backward_weight_s for c in chunks), tuple(act), tuple(grad),
                           tuple(same), blocking_sends=env.framework.blocking_sends)
@@ -108,6 +109,19 @@ def _inflight(timeline, p) -> list[float]:
 
 def _total(m) -> float:
     return m.parameters + m.gradients + m.optimizer + m.activations + m.other
+
+
+def _with_schedule_work(chunk: ChunkCost, host: HostCosts, pipeline: int) -> ChunkCost:
+    """The chunk with the pipeline schedule's own work per action (`HostCosts.pipeline_action`)
+    in its forward and backward, kept apart in its parts as "pipeline_schedule"."""
+    f = host.pipeline_action(chunk.forward_s, pipeline)
+    b = host.pipeline_action(chunk.backward_s, pipeline)
+    added = (f - chunk.forward_s) + (b - chunk.backward_s)
+    if added <= 0.0:
+        return chunk
+    parts = dict(chunk.parts)
+    parts["pipeline_schedule"] = parts.get("pipeline_schedule", 0.0) + added
+    return ChunkCost(f, b, chunk.backward_weight_s, parts)
 
 
 def _breakdown(ctx: StepContext, chunks, timeline, r: int, ends, dp_end, opt_s: float,

@@ -207,12 +207,15 @@ def test_host_costs_are_measured_and_read_back_for_local(calibrated):
     block = report["block_host"]
     assert block["forward_kernels"] >= 10 and block["backward_kernels"] > block["forward_kernels"]
     assert 0 < block["forward_per_kernel_s"] < 1e-3 and 0 < block["backward_per_kernel_s"] < 1e-3
+    assert 0 < report["pipeline_action_s"] < 0.1
     per_tensor = report["optimizer_step_per_tensor_s"]
     assert set(per_tensor) == {"adam", "sgd"} and per_tensor["adam"] > per_tensor["sgd"] > 0
     doc = calibration_document(_calibrated_from(report))
     assert doc["host"]["op_dispatch_us"] == pytest.approx(block["forward_per_kernel_s"] * 1e6,
                                                           rel=1e-3)
     assert doc["host"]["synchronous"] is True
+    assert doc["host"]["pipeline_action_us"] == pytest.approx(report["pipeline_action_s"] * 1e6,
+                                                              rel=1e-3)
     path = home / "overlay.yaml"
     import yaml
     path.write_text(yaml.safe_dump(doc))
@@ -221,3 +224,4 @@ def test_host_costs_are_measured_and_read_back_for_local(calibrated):
     assert host.op_dispatch_s == pytest.approx(block["forward_per_kernel_s"], rel=1e-3)
     assert host.per_backward_kernel_s == pytest.approx(block["backward_per_kernel_s"], rel=1e-3)
     assert host.optimizer_step_per_tensor_s["adam"] == pytest.approx(per_tensor["adam"], rel=1e-3)
+    assert host.pipeline_action_s == pytest.approx(report["pipeline_action_s"], rel=1e-3)

@@ -461,6 +461,21 @@ def test_optimizer_host_time_per_tensor_beside_or_after_the_device():
     assert HostCosts(optimizer_step_per_tensor_s=per).optimizer_step("sgd", 100, 1e-3) == 1e-3
 
 
+def test_the_pipeline_schedules_work_per_action_adds_to_each_stage_pass():
+    from partita.simulator.chunkcost import ChunkCost
+    from partita.simulator.host import HostCosts
+    from partita.simulator.step import _with_schedule_work
+    sync = HostCosts(pipeline_action_s=3e-4, synchronous=True)
+    chunk = ChunkCost(1e-3, 2e-3, 1e-3, {"compute": 3e-3})
+    out = _with_schedule_work(chunk, sync, pipeline=2)
+    assert (out.forward_s, out.backward_s) == pytest.approx((1.3e-3, 2.3e-3))
+    assert out.parts["pipeline_schedule"] == pytest.approx(6e-4) and out.parts["compute"] == 3e-3
+    assert _with_schedule_work(chunk, sync, pipeline=1) is chunk          # no pipeline: no schedule
+    beside = HostCosts(pipeline_action_s=1.5e-3)                          # asynchronous device
+    assert _with_schedule_work(chunk, beside, pipeline=4).forward_s == pytest.approx(1.5e-3)
+    assert _with_schedule_work(chunk, beside, pipeline=4).backward_s == pytest.approx(2e-3)
+
+
 @pytest.mark.parametrize("name, world, split_qkv", [("tiny-gpt-pp2", 2, 4),
                                                    ("tiny-llama-pp2-dp2", 4, 0)])
 def test_rank_tensors_count_the_executors_parameter_tensors(name, world, split_qkv):
