@@ -15,7 +15,11 @@ parameter tensor. On a CPU device torch runs the single-tensor loop (the foreach
 implementations default on for CUDA tensors only: torch/optim/optimizer.py
 `_default_to_fused_or_foreach`), so every tensor pays its own ops' dispatch.
 
-benchmarks/bench_host_dispatch.py prints these for the GPU systems' host.yaml; `partita calibrate`
+A pipeline action: what the executor's pipeline schedule (torch.distributed.pipelining) adds to each
+stage's forward and backward of a micro-batch, from two-stage runs of a trivial layer
+(`pipeline_action`).
+
+benchmarks/bench_host_dispatch.py prints the first two for the GPU systems' host.yaml; `partita calibrate`
 (executor/microbench.py) records them for `local`.
 """
 from __future__ import annotations
@@ -26,7 +30,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from partita.executor.train import make_optimizer
@@ -127,37 +133,36 @@ def pipeline_action(rank: int, world: int, repeats: int = 7) -> float:
     between PIPELINE_MICROBATCHES and the layer's forward and backward timed alone. Wall time:
     where processes outnumber cores, the share of a core each gets counts. Collective over the
     default group (every rank must call it); 0 on one process."""
-    import torch.distributed as dist
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
     if world < 2:
         return 0.0
     pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]
     mine = rank // 2 if rank // 2 < len(pairs) else None
-    steps = {}
-    alone = 0.0
-    if mine is not None:
-        group, stage_index = pairs[mine], rank % 2
-        layer = nn.Linear(8, 8)
-        stage = PipelineStage(layer, stage_index, 2, torch.device("cpu"), group=group)
-        for m in PIPELINE_MICROBATCHES:
-            schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda y, t: y.sum())
-            x, t = torch.randn(2 * m, 8), torch.randn(2 * m, 8)
-
-            def step():
-                schedule.step(x) if stage_index == 0 else schedule.step(target=t)
-            step()
-            times = []
-            for _ in range(repeats):
-                dist.barrier(group)
-                start = time.perf_counter()
-                step()
-                times.append(time.perf_counter() - start)
-            steps[m] = statistics.median(times)
-        x = torch.randn(2, 8)
-        alone = median_process_seconds(lambda: layer(x).sum().backward(), 200, repeats,
-                                       time.perf_counter)
+    per_action = _pair_overhead(pairs[mine], rank % 2, repeats) if mine is not None else 0.0
     dist.barrier()
-    if mine is None:
-        return 0.0
-    (m1, t1), (m2, t2) = sorted(steps.items())
+    return per_action
+
+
+def _pair_overhead(group, stage_index: int, repeats: int) -> float:
+    """`pipeline_action` on one pair of ranks: this rank's stage `stage_index` of two."""
+    layer = nn.Linear(8, 8)
+    stage = PipelineStage(layer, stage_index, 2, torch.device("cpu"), group=group)
+    steps = []
+    for m in PIPELINE_MICROBATCHES:
+        schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda y, t: y.sum())
+        x, t = torch.randn(2 * m, 8), torch.randn(2 * m, 8)
+
+        def step():
+            schedule.step(x) if stage_index == 0 else schedule.step(target=t)
+        step()
+        times = []
+        for _ in range(repeats):
+            dist.barrier(group)
+            start = time.perf_counter()
+            step()
+            times.append(time.perf_counter() - start)
+        steps.append(statistics.median(times))
+    x = torch.randn(2, 8)
+    alone = median_process_seconds(lambda: layer(x).sum().backward(), 200, repeats,
+                                   time.perf_counter)
+    (m1, m2), (t1, t2) = PIPELINE_MICROBATCHES, steps
     return max(0.0, ((t2 - t1) / (m2 - m1) - alone) / 2)
