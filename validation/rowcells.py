@@ -298,6 +298,10 @@ def precision(row: dict[str, str], rules: Rules, system_name: str, notes: list[s
         return "bf16"
     if "fp16" in text and "bf16" not in text:
         return "fp16"
+    if "tf32" in text:
+        return "tf32"
+    if text.strip() in ("fp32", "float32"):
+        return "fp32"
     chosen = rules.value(row, "precision", notes)
     if chosen is None:
         chosen = "fp16" if "v100" in system_name else "bf16"
