@@ -25,6 +25,7 @@ from partita.reports.html import FigureItem, Report, Section, TableItem
 
 _ACTION = re.compile(r"^(\d+)([A-Z_]+?)(\d+)$")
 IN_LAYER_PARTS = ("tp_comm", "cp_comm", "fsdp_comm")
+STEP_SYNC_PARTS = ("embedding_sync", "step_sync", "step_overhead")   # after the last reduction
 ROWS = ("compute", "p2p", "dp / optimizer")
 HALF_ROW = {"send": 0.42, "recv": 0.0}     # offset within the p2p row
 
@@ -240,7 +241,8 @@ def summary_text(result) -> tuple[str, str]:
             f"pipeline {b.get('pp_comm', 0.0):.4f} s, data-parallel {b.get('dp_comm', 0.0):.4f} s "
             f"({exposed:.4f} s together); in-layer TP/CP/ZeRO-3 collectives "
             f"{sum(b.get(k, 0.0) for k in IN_LAYER_PARTS):.4f} s.",
-            "The optimizer and the fixed per-step overhead "
-            f"({b.get('step_overhead', 0.0):.4f} s) follow the last reduction; the chart ends at "
-            "the optimizer. Open the same step in Perfetto with `partita simulate FILE --trace "
+            f"The step's synchronisations ({sum(b.get(k, 0.0) for k in STEP_SYNC_PARTS):.4f} s: "
+            "tied-embedding gradients, gradient norm, loss) and the optimizer "
+            f"({b.get('optimizer', 0.0):.4f} s) follow the last reduction; the chart ends at the "
+            "optimizer. Open the same step in Perfetto with `partita simulate FILE --trace "
             "OUT.json`.")
