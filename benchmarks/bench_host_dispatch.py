@@ -24,11 +24,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from partita.executor.hostbench import block_host, median_process_seconds, optimizer_step_per_tensor
+from partita.executor.hostbench import block_host, median_seconds, optimizer_step_per_tensor
 
 
 def per_op_us(fn, ops: int, repeats: int = 7, calls: int = 2000) -> float:
-    return median_process_seconds(fn, calls, repeats) / ops * 1e6
+    return median_seconds(fn, calls, repeats) / ops * 1e6
 
 
 def main() -> None:

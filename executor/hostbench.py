@@ -57,7 +57,7 @@ class BlockHost:
     backward_kernels: float
 
 
-def median_process_seconds(fn: Callable[[], object], calls: int, repeats: int = 7,
+def median_seconds(fn: Callable[[], object], calls: int, repeats: int = 7,
                            clock: Callable[[], float] = time.process_time) -> float:
     """Median over `repeats` of the seconds per call of `calls` calls: the process's CPU time by
     default, or `clock` (time.perf_counter: wall time, which counts the share of a core the
@@ -89,7 +89,7 @@ def block_host(device: torch.device | None = None, calls: int = 200, repeats: in
                clock: Callable[[], float] = time.process_time) -> BlockHost:
     """Host seconds per forward and per backward kernel of partita's GPT block (module docstring)
     on `device` (default the CPU; on CUDA the host's time to issue them, launches included), by
-    `clock` (see `median_process_seconds`)."""
+    `clock` (see `median_seconds`)."""
     device = device or torch.device("cpu")
     d = TransformerDims(arch="gpt", layers=STACK, hidden=8, heads=2, seq_len=4, vocab=16)
     blocks = nn.Sequential(*[GPTBlock(d) for _ in range(STACK)]).to(device)
@@ -101,8 +101,8 @@ def block_host(device: torch.device | None = None, calls: int = 200, repeats: in
         loss.backward()
     kf = fwd_count.kernels / STACK
     kb = (bwd_count.kernels - 1) / STACK          # less the ones-like seed of the loss gradient
-    fwd = median_process_seconds(lambda: blocks(x), calls, repeats, clock)
-    both = median_process_seconds(lambda: blocks(x).sum().backward(), calls, repeats, clock)
+    fwd = median_seconds(lambda: blocks(x), calls, repeats, clock)
+    both = median_seconds(lambda: blocks(x).sum().backward(), calls, repeats, clock)
     return BlockHost(fwd / STACK / kf, max(both - fwd, 0.0) / STACK / kb, kf, kb)
 
 
@@ -116,7 +116,7 @@ def optimizer_step_per_tensor(name: str, device: torch.device | None = None, cal
     for p in params:
         p.grad = torch.randn_like(p)
     opt = make_optimizer(name, params, 1e-3)
-    return median_process_seconds(opt.step, calls, repeats, clock) / OPTIMIZER_TENSORS
+    return median_seconds(opt.step, calls, repeats, clock) / OPTIMIZER_TENSORS
 
 
 PIPELINE_MICROBATCHES = (4, 16)     # two schedule lengths: the step's slope per micro-batch
@@ -162,7 +162,7 @@ def _pair_overhead(group, stage_index: int, repeats: int) -> float:
             times.append(time.perf_counter() - start)
         steps.append(statistics.median(times))
     x = torch.randn(2, 8)
-    alone = median_process_seconds(lambda: layer(x).sum().backward(), 200, repeats,
+    alone = median_seconds(lambda: layer(x).sum().backward(), 200, repeats,
                                    time.perf_counter)
     (m1, m2), (t1, t2) = PIPELINE_MICROBATCHES, steps
     return max(0.0, ((t2 - t1) / (m2 - m1) - alone) / 2)
