@@ -414,7 +414,8 @@ def _layers(model: dict[str, Any]) -> int:
 
 
 def _uneven_stages(layers: int, chunks: int, notes: list[str]) -> list[list[int]] | None:
-    """None when layers split evenly; else the first and last chunk hold one layer fewer.
+    """None when layers split evenly; else the first and last chunk hold one layer fewer, where
+    that splits; else None too (the simulator's balanced split, planner.stages, with a note).
 
     That is the split DeepSpeed's partitioner makes when the embedding and the head count as one
     layer each (BLOOM's 70 layers on 12 stages: 5 + 10 x 6 + 5), and Llama 3's (Sec. 3.3.2:
@@ -422,8 +423,12 @@ def _uneven_stages(layers: int, chunks: int, notes: list[str]) -> list[list[int]
     """
     if layers % chunks == 0:
         return None
+    if layers < chunks:
+        raise Skip("inconsistent", f"{layers} layers do not fill {chunks} pipeline chunks")
     if (layers + 2) % chunks or (layers + 2) // chunks < 2:
-        raise Skip("inconsistent", f"{layers} layers do not split over {chunks} pipeline chunks")
+        notes.append(f"stages: {layers} layers over {chunks} chunks, the simulator's balanced split "
+                     "(the row does not say how its framework split them)")
+        return None
     size = (layers + 2) // chunks
     bounds, start = [], 0
     for i in range(chunks):

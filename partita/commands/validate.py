@@ -15,7 +15,10 @@ that could not be simulated and why, and the summary (median, p90, max, mean abs
 the fit and hold-out groups apart; for rows with a measured peak memory (`peak_memory_GiB`) the
 predicted peak and its error too, and a memory summary per group. It is a report: exit 0 whatever
 the errors; exit 1 only on bad input (missing CSV, unknown column, unknown row id, malformed split
-file).
+file). Where rows measure one job in several layouts (same model, system, GPU count, batch and
+precision; `validation.ranking`), a layout-choice section says whether the layout predicted fastest
+is the measured fastest and what the pick costs (its regret); `--cross-validate` and
+`--frozen-test` rank by their own predictions.
 
 `--cross-validate` refits the framework numbers once per source with that source's rows left out
 (`validation.crossval`, the optimiser of benchmarks/fit_overheads.py) and prints each row's error
@@ -91,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
         _check_split_ids(split, split_file, csv)
     report = run_validation(csv, rows=rows, split=split, catalog=catalog_from_args(args))
     if args.json:
-        print(json.dumps(report.to_json()))
+        print(json.dumps(report.to_json() | {"layout_choice": _choices_json(_report_choices(report))}))
     else:
         print(format_report(report, verbose=args.verbose))
     return 0
@@ -124,10 +127,11 @@ def _cross_validate(args: argparse.Namespace) -> int:
                                  progress=crossval.stderr_progress)
     if args.write:
         crossval.write_residuals(cv)
+    choices = _cv_choices(cv)
     if args.json:
-        print(json.dumps(cv.to_json()))
+        print(json.dumps(cv.to_json() | {"layout_choice": _choices_json(choices)}))
     else:
-        print(format_cross_validation(cv))
+        print(format_cross_validation(cv, choices))
         if args.write:
             print(f"\nwrote {crossval.RESIDUALS_FILE}")
     return 0
@@ -144,12 +148,16 @@ def _frozen_test(args: argparse.Namespace) -> int:
     csv, ids = load_frozen_test()
     report = run_validation(csv, rows=ids, split=Split(fit=frozenset()),
                             catalog=catalog_from_args(args))
+    from partita.validation.ranking import choice_line, summarize_choices
     s = report.summary()
+    choices = summarize_choices(_report_choices(report))
     if args.json:
-        print(json.dumps({"csv": str(csv), "frozen_test": s.to_json()}))
+        print(json.dumps({"csv": str(csv), "frozen_test": s.to_json(),
+                          "layout_choice": choices.to_json()}))
     else:
         print(f"partita validate --frozen-test: {len(ids)} step times of {csv.name}, never fitted")
         print(frozen_line(s))
+        print(choice_line(choices))
     return 0
 
 
@@ -159,7 +167,31 @@ def frozen_line(s) -> str:
             f"max {s.max_pct:.1f}%, bias {s.bias_pct:+.1f}%")
 
 
-def format_cross_validation(cv) -> str:
+def _report_choices(report):
+    """Layout choices among a report's simulated rows (validation.ranking)."""
+    from partita.validation.ranking import layout_choices
+    return layout_choices((r.row, r.predicted_step_s) for r in report.results
+                          if r.predicted_step_s is not None)
+
+
+def _cv_choices(cv):
+    """Layout choices by the cross-validated predictions (each job is ranked by the fit that left
+    its source out)."""
+    from partita.validation.crossval import dev_rows
+    from partita.validation.ranking import layout_choices
+    rows = {m.row_id: m for m in dev_rows()}
+    return layout_choices((rows[r.row_id], r.predicted_step_s) for r in cv.residuals)
+
+
+def _choices_json(choices) -> dict:
+    from partita.validation.ranking import summarize_choices
+    return summarize_choices(choices).to_json() | {
+        "per_job": [{"job": c.job, "rows_measured_fastest_first": list(c.row_ids),
+                  "picked": c.picked, "regret_pct": 100.0 * c.regret,
+                  "kendall_tau": c.kendall_tau} for c in choices]}
+
+
+def format_cross_validation(cv, choices=()) -> str:
     """The leave-one-source-out report: per row, per source, then the summary line README quotes."""
     lines = ["partita validate --cross-validate: each source predicted by a fit that left it out",
              "", f"{'id':<11} {'source':<8} {'regime':<22} {'measured s':>10} {'predicted s':>11} "
@@ -172,7 +204,10 @@ def format_cross_validation(cv) -> str:
         s = cv.summary(source)
         lines.append(f"  {source:<8} {s.count:>5} {_fmt(s.median_pct)} {_fmt(s.p90_pct)} "
                      f"{_fmt(s.max_pct)} {_fmt(s.bias_pct)}")
+    from partita.validation.ranking import choice_lines
     s = cv.summary()
+    if choices:
+        lines += ["", *choice_lines(list(choices))]
     lines += ["", loso_line(s)]
     return "\n".join(lines)
 
@@ -189,6 +224,10 @@ def format_report(report, verbose: bool = False) -> str:
     lines += _table(report, verbose)
     lines += ["", "Summary: |predicted / measured - 1| of the step time, in percent"]
     lines += _summary_lines(report)
+    from partita.validation.ranking import choice_lines
+    choices = choice_lines(_report_choices(report))
+    if choices:
+        lines += ["", *choices]
     failed = report.failed()
     if failed:
         lines += ["", f"Not simulated ({len(failed)}): the simulator refused the scenario"]

@@ -153,6 +153,16 @@ def test_uneven_pipelines_drop_a_layer_at_both_ends(mapped):
     assert len(llama) == 32 and llama[0] == [0, 3] and llama[-1] == [123, 126]
 
 
+def test_a_split_neither_even_nor_one_short_at_both_ends_is_the_simulators_balanced_one():
+    from partita.validation.rowcells import Skip, _uneven_stages
+    notes: list[str] = []
+    assert _uneven_stages(30, 4, notes) == [[0, 7], [7, 15], [15, 23], [23, 30]]   # 32 = 4 x 8
+    notes.clear()
+    assert _uneven_stages(25, 4, notes) is None and "balanced split" in notes[0]   # 27 % 4 != 0
+    with pytest.raises(Skip, match="do not fill"):
+        _uneven_stages(3, 4, [])
+
+
 # --- FLOP conventions and conversions -----------------------------------------------------------
 
 GPT = TransformerDims(arch="gpt", layers=96, hidden=12288, heads=96, seq_len=2048, vocab=51200)
@@ -268,6 +278,16 @@ def test_cli_report(standin, capsys):
     out = capsys.readouterr().out
     assert "NAR21-01" in out and "+37.0" in out and "holdout" in out and "fit" in out
     assert "not a CNN" not in out and "not a transformer (CNN): HVD-01" in out
+    assert "Layout choice" not in out       # no job among these rows has two layouts
+
+
+def test_cli_report_ranks_the_layouts_of_one_job(standin, capsys):
+    # GPT 175B on 384 GPUs, batch 1536: ZeRO-3 (NAR21-11) against PTD-P (NAR21-17).
+    assert main(["validate", "--rows", "NAR21-11,NAR21-17", "--json"]) == 0
+    choice = json.loads(capsys.readouterr().out)["layout_choice"]
+    assert choice["jobs"] == 1 and choice["per_job"][0]["rows_measured_fastest_first"][0] == "NAR21-17"
+    assert main(["validate", "--rows", "NAR21-11,NAR21-17"]) == 0
+    assert "Layout choice (1 jobs): measured best picked in" in capsys.readouterr().out
 
 
 def test_cli_verbose_and_json(standin, capsys):
