@@ -93,11 +93,33 @@ def run(args: argparse.Namespace) -> int:
     if args.split is not None or args.csv is None:      # a split chosen for this CSV
         _check_split_ids(split, split_file, csv)
     report = run_validation(csv, rows=rows, split=split, catalog=catalog_from_args(args))
+    report, withheld = _withhold_frozen_step_times(report)
     if args.json:
         print(json.dumps(report.to_json() | {"layout_choice": _choices_json(_report_choices(report))}))
     else:
         print(format_report(report, verbose=args.verbose))
+        if withheld:
+            print(f"\nStep times withheld for {withheld} rows of the frozen test set "
+                  "(reported by `partita validate --frozen-test` only)")
     return 0
+
+
+def _withhold_frozen_step_times(report):
+    """The report without the predicted step times of the frozen test set's rows (their peak
+    memory stays): the frozen set is reported by --frozen-test alone, once per model change, so
+    no other report may show its errors. Returns (report, rows withheld)."""
+    from dataclasses import replace
+    from pathlib import Path
+    from partita.validation.runner import load_frozen_test
+    frozen_csv, ids = load_frozen_test()
+    if Path(report.csv).resolve() != Path(frozen_csv).resolve():
+        return report, 0
+    frozen = set(ids)
+    results = tuple(replace(r, predicted_step_s=None) if r.row.row_id in frozen else r
+                    for r in report.results)
+    withheld = sum(r.row.row_id in frozen and r.predicted_step_s is not None
+                   for r in report.results)
+    return replace(report, results=results), withheld
 
 
 def _check_split_ids(split, split_file, csv) -> None:

@@ -483,6 +483,17 @@ def test_cli_memory_report_splits_fit_and_holdout(standin, capsys):
     assert doc["summary"]["memory_fit"]["count"] == 1 and doc["summary"]["memory_holdout"]["count"] == 1
 
 
+def test_memory_report_withholds_the_frozen_test_sets_step_times(standin, capsys):
+    # BLMEM-01 is in the frozen test set, BLMEM-44 not: only the latter's step time is reported.
+    assert main(["validate", "--memory", "--rows", "BLMEM-01,BLMEM-44", "--json"]) == 0
+    rows = {r["id"]: r for r in json.loads(capsys.readouterr().out)["rows"]}
+    assert rows["BLMEM-01"]["predicted_step_s"] is None and rows["BLMEM-01"]["error_pct"] is None
+    assert rows["BLMEM-01"]["predicted_peak_memory_gib"] is not None
+    assert rows["BLMEM-44"]["predicted_step_s"] is not None
+    assert main(["validate", "--memory", "--rows", "BLMEM-01,BLMEM-44"]) == 0
+    assert "Step times withheld for 1 rows of the frozen test set" in capsys.readouterr().out
+
+
 # ---- leave-one-source-out and the frozen test: README quotes what `validate` prints (#16) ----
 
 README = Path(__file__).resolve().parents[3] / "README.md"
