@@ -30,7 +30,6 @@ scenario contract), whose executor/machine_files.py writes an override file of t
 """
 from __future__ import annotations
 
-import bisect
 import math
 import os
 from dataclasses import dataclass, field
@@ -44,15 +43,19 @@ from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import CALIBRATION_DIR
 from partita.planner.provenance import load_by_provenance
 from partita.planner.units import GIB
+from partita.simulator.attentionramp import CURVE_KEYS, AttentionRamp, ramp_from_tflops
+from partita.simulator.curve import Curve
 from partita.simulator.host import HostCosts
 
 MB = 1e6
 PRECISION_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 GPU_KEYS = ("like", "matmul", "memory_efficiency_by_mb", "attention_forward_efficiency",
-            "attention_backward_efficiency", "kernel_floor_us", "source", "notes")
+            "attention_backward_efficiency", "attention_by_seq_tflops", "kernel_floor_us", "source",
+            "notes")
 DEFAULT_KEYS = ("matmul_shape_by_ideal_us", "matmul_plateau_efficiency", "memory_efficiency_by_mb",
-                "attention_forward_efficiency", "attention_backward_efficiency", "kernel_floor_us",
-                "source", "notes")
+                "attention_forward_efficiency", "attention_backward_efficiency",
+                "attention_by_seq_tflops", "kernel_floor_us", "source", "notes")
+RAMP_KEYS = ("peak_tflops", *CURVE_KEYS, "source", "notes")
 MATMUL_KEYS = ("peak_tflops", "measured_mnk_tflops", "plateau_tflops", "like_precision", "source",
                "notes")
 TIER_KEYS = ("efficiency", "step_latency_us", "simple_step_latency_us", "base_latency_us",
@@ -74,26 +77,6 @@ MEMORY_FILES = (CALIBRATION_DIR / "memory.yaml", CALIBRATION_DIR / "fitted_memor
 
 
 @dataclass(frozen=True)
-class Curve:
-    """y(x) piecewise linear in log(x) through the points, flat beyond the first and last."""
-    xs: tuple[float, ...]
-    ys: tuple[float, ...]
-
-    def __call__(self, x: float) -> float:
-        xs, ys = self.xs, self.ys
-        if x <= xs[0]:
-            return ys[0]
-        if x >= xs[-1]:
-            return ys[-1]
-        i = bisect.bisect_right(xs, x)
-        x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-        return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
-
-    def scaled(self, y_factor: float) -> "Curve":
-        return Curve(self.xs, tuple(y * y_factor for y in self.ys))
-
-
-@dataclass(frozen=True)
 class GpuCalibration:
     """Efficiencies of one GPU. Matmul curves are over ideal time (2mnk / peak, seconds)."""
     name: str
@@ -105,6 +88,18 @@ class GpuCalibration:
     kernel_floor_s: float
     source: tuple[str, ...] = ()
     default_plateau: float = 1.0       # the plateau default_matmul is scaled to
+    # Flash attention's efficiency relative to attention_forward/backward by sequence length and
+    # head dimension (simulator/attentionramp.py); None: flat (e.g. measured at one shape locally).
+    attention_ramp: AttentionRamp | None = None
+
+    def attention_efficiency(self, backward: bool, seq_len: float | None = None,
+                             head_dim: float | None = None, causal: bool = True) -> float:
+        """Flash attention's fraction of the matmul peak: the long-sequence efficiency times the
+        ramp at this sequence length and head dimension (when both are given)."""
+        eff = self.attention_backward if backward else self.attention_forward
+        if self.attention_ramp is None or seq_len is None or head_dim is None:
+            return eff
+        return eff * self.attention_ramp(seq_len, head_dim, causal)
 
     def matmul_efficiency(self, precision: str, ideal_s: float, measured_peak: bool = False) -> float:
         """Fraction of the peak at this ideal time. Against a measured peak (a GPU whose datasheet
@@ -173,7 +168,8 @@ class Calibration:
             return found
         d = self.default
         return GpuCalibration(name, {}, d.default_matmul, d.memory, d.attention_forward,
-                              d.attention_backward, d.kernel_floor_s, d.source, d.default_plateau)
+                              d.attention_backward, d.kernel_floor_s, d.source, d.default_plateau,
+                              d.attention_ramp)
 
     def tier(self, kind: str) -> TierCalibration:
         if kind not in self.tiers:
@@ -292,6 +288,8 @@ def _parse_gpu(c: Checker, keys: tuple[str, ...]) -> dict[str, Any]:
                       ("attention_backward_efficiency", "attention_backward")):
         if c.has(key):
             out[name] = _fraction(c, key)
+    if c.has("attention_by_seq_tflops"):
+        out["attention_ramp"] = _parse_ramp(c.sub("attention_by_seq_tflops"))
     if c.has("kernel_floor_us"):
         out["kernel_floor_s"] = c.number("kernel_floor_us", positive=False) * 1e-6
     if c.has("source"):
@@ -320,6 +318,20 @@ def _parse_matmul(c: Checker) -> dict[str, Any]:
     if c.has("source"):
         out["source"] = _strings(c, "source")
     return out
+
+
+def _parse_ramp(c: Checker) -> AttentionRamp:
+    """attention_by_seq_tflops: {peak_tflops, causal_hd64: [[seq, TFLOP/s], ...], causal_hd128,
+    full_hd64, full_hd128, source}: a flash kernel's measured rates (simulator/attentionramp.py)."""
+    c.only(RAMP_KEYS)
+    c.number("peak_tflops")         # the figure's peak: kept for the reader, the ramp is relative
+    points = {}
+    for key in CURVE_KEYS:
+        if not c.has(key):
+            raise c.error(f"missing required key (expected [[sequence length, TFLOP/s], ...]; "
+                          f"a ramp needs {', '.join(CURVE_KEYS)})", key)
+        points[key] = list(_rows(c, key, "[sequence length, TFLOP/s]"))
+    return ramp_from_tflops(points, _strings(c, "source") if c.has("source") else ())
 
 
 def _parse_tier(c: Checker) -> dict[str, Any]:
@@ -419,7 +431,7 @@ def _build(merged: dict[str, Any], first_seen: dict[tuple[str, str], str],
     default_curve = shape.scaled(d["plateau"] / peak_shape)
     default = GpuCalibration("default", {}, default_curve, Curve(*zip(*d["memory"])),
                              d["attention_forward"], d["attention_backward"], d["kernel_floor_s"],
-                             tuple(d.get("source", ())), d["plateau"])
+                             tuple(d.get("source", ())), d["plateau"], d.get("attention_ramp"))
     gpus = {name: _build_gpu(name, merged["gpus"], shape, peak_shape, default, first_seen)
             for name in merged["gpus"]}
     tiers = {name: _build_tier(name, value, first_seen.get(("tiers", name), where))
@@ -475,11 +487,15 @@ def _build_gpu(name: str, entries: dict[str, Any], shape: Curve, peak_shape: flo
                                    f"no measured data for {other!r} on {name}")
             curves[precision] = curves[other]
     memory = Curve(*zip(*e["memory"])) if "memory" in e else default.memory
+    # A GPU with attention efficiencies of its own but no ramp measured them at one shape (e.g.
+    # `partita calibrate`): flat. Without either it takes the default's, ramp included.
+    own_attention = "attention_forward" in e or "attention_backward" in e
+    ramp = e.get("attention_ramp", None if own_attention else default.attention_ramp)
     return GpuCalibration(name, curves, default.default_matmul, memory,
                           e.get("attention_forward", default.attention_forward),
                           e.get("attention_backward", default.attention_backward),
                           e.get("kernel_floor_s", default.kernel_floor_s),
-                          tuple(e.get("source", ())), default.default_plateau)
+                          tuple(e.get("source", ())), default.default_plateau, ramp)
 
 
 def _matmul_curve(entry: dict[str, Any], shape: Curve, peak_shape: float, origin: str,

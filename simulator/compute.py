@@ -94,20 +94,24 @@ def attention_flops(batch: int, heads: int, q_len: int, kv_len: int, head_dim: i
 
 
 def attention_time(flops: float, causal: bool, gpu: GPU, precision: str, cal: Calibration,
-                   *, backward: bool = False) -> float:
-    """Seconds of a flash-style attention kernel given its full forward FLOPs."""
-    return _attention(flops, causal, gpu, precision, cal.gpu(gpu.name), backward)
+                   *, backward: bool = False, seq_len: float | None = None,
+                   head_dim: float | None = None) -> float:
+    """Seconds of a flash-style attention kernel given its full forward FLOPs; with the kernel's
+    key length and head dimension its efficiency follows the GPU's ramp (simulator/attentionramp)."""
+    return _attention(flops, causal, gpu, precision, cal.gpu(gpu.name), backward, seq_len,
+                      head_dim)
 
 
 def _attention(flops: float, causal: bool, gpu: GPU, precision: str, g: GpuCalibration,
-               backward: bool) -> float:
+               backward: bool, seq_len: float | None = None,
+               head_dim: float | None = None) -> float:
     if flops <= 0:
         return 0.0
     work = flops * (CAUSAL_FRACTION if causal else 1.0)
     peak = gpu.peak(attention_precision(gpu, precision))
-    if backward:
-        return max(FLASH_BWD_FACTOR * work / (peak * g.attention_backward), g.kernel_floor_s)
-    return max(work / (peak * g.attention_forward), g.kernel_floor_s)
+    eff = g.attention_efficiency(backward, seq_len, head_dim, causal)
+    factor = FLASH_BWD_FACTOR if backward else 1.0
+    return max(factor * work / (peak * eff), g.kernel_floor_s)
 
 
 # ---- shapes of one block ----
@@ -210,11 +214,13 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
             attn_f, attn_b = attn_f + f2, attn_b + b2
     else:
         flops = _block_attention_flops(dims, micro_batch, tp, cp)
-        attn_f = _attention(flops, causal, gpu, precision, g, False)
-        attn_b = _attention(flops, causal, gpu, precision, g, True)
+        # Each kernel runs over seq/cp keys (context parallelism's ring hands it one chunk a step).
+        shape = (dims.seq_len / cp, dims.head_dim)
+        attn_f = _attention(flops, causal, gpu, precision, g, False, *shape)
+        attn_b = _attention(flops, causal, gpu, precision, g, True, *shape)
         if decoder:                                     # cross-attention: never masked
-            attn_f += _attention(flops, False, gpu, precision, g, False)
-            attn_b += _attention(flops, False, gpu, precision, g, True)
+            attn_f += _attention(flops, False, gpu, precision, g, False, *shape)
+            attn_b += _attention(flops, False, gpu, precision, g, True, *shape)
     ew_bytes = _block_elementwise_bytes(dims, micro_batch, tp, cp, sp, precision, decoder)
     ew_f = _elementwise(ew_bytes, gpu, g)
     ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes, gpu, g)

@@ -1,0 +1,82 @@
+"""Flash attention's efficiency by sequence length, head dimension and mask (simulator.attentionramp)
+and how the calibration and the compute model use it."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from partita.planner.catalog import load_catalog
+from partita.planner.errors import PartitaError
+from partita.simulator.attentionramp import ramp_from_tflops
+from partita.simulator.calibration import load_calibration
+from partita.simulator.compute import attention_flops, attention_time
+
+# FlashAttention-2's forward + backward TFLOP/s on A100 80GB SXM4 (data/calibration/compute.yaml)
+FA2_A100_CAUSAL_HD64 = {512: 88, 1024: 119, 2048: 140, 4096: 156, 8192: 165, 16384: 171}
+FA2_A100_BEST = 203
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    return load_calibration(include_local=False)
+
+
+def test_ramp_is_relative_to_the_best_point_and_held_beyond_the_ends():
+    ramp = ramp_from_tflops({"causal_hd64": [(512, 50), (2048, 100)], "causal_hd128": [(512, 100), (2048, 200)],
+                             "full_hd64": [(512, 100), (2048, 100)], "full_hd128": [(512, 200), (2048, 200)]})
+    assert ramp(2048, 128, True) == 1.0 and ramp(512, 128, True) == 0.5
+    assert ramp(100, 128, True) == 0.5 and ramp(1e6, 128, True) == 1.0       # held flat
+    assert ramp(1024, 128, True) == pytest.approx(0.75)                     # linear in log(seq)
+    assert ramp(2048, 64, True) == 0.5 and ramp(2048, 32, True) == 0.5      # head dim held below 64
+    assert ramp(2048, 256, True) == 1.0                                     # ... and above 128
+    assert ramp(2048, 90.5, True) == pytest.approx(0.75, rel=1e-3)          # log2 between 64 and 128
+    assert ramp(512, 64, False) == 0.5
+
+
+def test_a100_forward_plus_backward_runs_at_flashattention2s_measured_rate(shipped):
+    """The A100's long-sequence efficiencies times the ramp give back FA2's benchmark, point by
+    point: forward (1 unit of work) and backward (2.5) together at the published TFLOP/s."""
+    gpu = load_catalog().gpu("a100-80gb")
+    batch, heads, d = 8, 16, 64
+    for seq, tflops in FA2_A100_CAUSAL_HD64.items():
+        flops = attention_flops(batch, heads, seq, seq, d)
+        t = (attention_time(flops, True, gpu, "bf16", shipped, seq_len=seq, head_dim=d)
+             + attention_time(flops, True, gpu, "bf16", shipped, backward=True, seq_len=seq, head_dim=d))
+        achieved = 3.5 * 0.5 * flops / t                  # FA2's count: causal half, bwd 2.5x fwd
+        assert achieved == pytest.approx(tflops * 1e12, rel=0.01), seq
+
+
+def test_short_sequences_and_small_heads_run_slower_per_flop(shipped):
+    gpu = load_catalog().gpu("h100-80gb")
+
+    def per_flop(seq, d, causal=True):
+        flops = attention_flops(1, 8, seq, seq, d)
+        return attention_time(flops, causal, gpu, "bf16", shipped, seq_len=seq, head_dim=d) / flops
+
+    assert per_flop(512, 128) > per_flop(4096, 128) > per_flop(16384, 128)
+    assert per_flop(2048, 64) > per_flop(2048, 128)
+    # without a shape the long-sequence efficiency applies (callers that do not know the shape)
+    flops = attention_flops(1, 8, 16384, 16384, 128)
+    assert attention_time(flops, False, gpu, "bf16", shipped) == pytest.approx(
+        attention_time(flops, False, gpu, "bf16", shipped, seq_len=16384, head_dim=128))
+
+
+def test_ramps_are_inherited_by_like_and_default_but_not_by_a_gpu_measured_at_one_shape(tmp_path, shipped):
+    assert shipped.gpu("h200-141gb").attention_ramp == shipped.gpu("h100-80gb").attention_ramp
+    assert shipped.gpu("a100-40gb").attention_ramp is not None
+    assert shipped.gpu("k80").attention_ramp == shipped.default.attention_ramp is not None
+    path = tmp_path / "local.yaml"
+    path.write_text(yaml.safe_dump({"gpus": {"local-cpu": {
+        "attention_forward_efficiency": 0.2, "attention_backward_efficiency": 0.3}}}))
+    local = load_calibration(path, include_local=False).gpu("local-cpu")
+    assert local.attention_ramp is None
+    assert local.attention_efficiency(False, 512, 64, True) == 0.2
+
+
+def test_a_ramp_missing_a_curve_is_an_error_naming_the_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"gpus": {"x": {"attention_by_seq_tflops": {
+        "peak_tflops": 100, "causal_hd64": [[512, 10]], "causal_hd128": [[512, 10]],
+        "full_hd64": [[512, 10]]}}}}))
+    with pytest.raises(PartitaError, match=r"gpus\.x\.attention_by_seq_tflops\.full_hd128"):
+        load_calibration(path, include_local=False)
