@@ -60,6 +60,22 @@ def attention_precision(gpu: GPU, precision: str) -> str:
     return "bf16" if gpu.supports("bf16") else "fp16"
 
 
+# A 16-bit matmul peak this many times the fp32 peak or more means tensor cores beside the CUDA
+# cores: V100 8x, A100 16x, H100 15x, and 3-4x on the Ampere and Ada parts whose fp32 CUDA-core
+# rate is doubled (A10G, L4, L40S). K80 and M60 have no 16-bit rate.
+TENSOR_CORE_PEAK_RATIO = 1.5
+
+
+def cuda_core_matmul(gpu: GPU, precision: str) -> bool:
+    """True where `precision`'s matmuls run on a GPU's CUDA cores beside tensor cores that run the
+    16-bit ones: fp32 on V100, A100, H100 (TF32 runs on the tensor cores). A device without a
+    separate 16-bit rate (a CPU) is not such a GPU."""
+    if precision != "fp32" or not gpu.supports("fp32"):
+        return False
+    half = max((gpu.peak(p) for p in ("fp16", "bf16") if gpu.supports(p)), default=0.0)
+    return half >= TENSOR_CORE_PEAK_RATIO * gpu.peak("fp32")
+
+
 # ---- kernels ----
 
 def gemm_time(m: int, n: int, k: int, gpu: GPU, precision: str, cal: Calibration) -> float:

@@ -5,6 +5,8 @@ objective and command; `simulator.fitting`):
 - the fraction of the best-shape matmul throughput a training run sustains, per GPU family
   (sustained clocks under full power differ by generation: a 700 W H100 throttles further below
   its boost clock than a 400 W A100), with a default (their median) for families without rows;
+  it applies to tensor-core matmuls (fp32 on the CUDA cores keeps its sweep rate:
+  `simulator.stagecosts.sustained`);
 - the fraction of the modelled bandwidth DeepSpeed's ZeRO-3 parameter gathers and gradient
   scatters reach.
 Measured or published (data/calibration/training.yaml):

@@ -80,3 +80,12 @@ def test_a_ramp_missing_a_curve_is_an_error_naming_the_key(tmp_path):
         "full_hd64": [[512, 10]]}}}}))
     with pytest.raises(PartitaError, match=r"gpus\.x\.attention_by_seq_tflops\.full_hd128"):
         load_calibration(path, include_local=False)
+
+
+def test_fp32_matmuls_run_on_the_cuda_cores_of_tensor_core_gpus():
+    from partita.simulator.compute import cuda_core_matmul
+    cat = load_catalog()
+    assert all(cuda_core_matmul(cat.gpu(n), "fp32") for n in ("v100-16gb", "a100-80gb", "h100-80gb", "l4"))
+    assert not cuda_core_matmul(cat.gpu("a100-80gb"), "tf32")       # TF32 runs on the tensor cores
+    assert not cuda_core_matmul(cat.gpu("h100-80gb"), "bf16")
+    assert not cuda_core_matmul(cat.gpu("k80"), "fp32")             # no tensor cores at all
