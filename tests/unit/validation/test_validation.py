@@ -372,6 +372,34 @@ def test_malformed_rowmap_rules(tmp_path, text, needle):
         load_rules(path)
 
 
+@pytest.mark.parametrize("cell, expected", [
+    ("selective layer AC (full checkpointing of every n-th block)", None),     # torchtitan
+    ("selective op AC (torchtitan's op policy)", None),
+    ("Selective AC (full checkpointing of a fraction of the blocks)", None),   # fms-fsdp
+    ("selective (Megatron-LM --recompute-granularity selective)", "selective"),
+    ("full (every block checkpointed)", "full"),
+])
+def test_checkpointing_some_blocks_or_ops_is_not_selective_recompute(tmp_path, cell, expected):
+    """The simulator's 'selective' recomputes the attention core (Korthikanti et al. 2022); a row
+    that checkpoints every n-th block or by an operator policy is skipped, not mapped to it."""
+    row = {**_user_row("ac"), "recompute": cell}
+    m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
+    if expected is None:
+        assert isinstance(m, SkippedRow) and m.kind == "unsupported" and repr(cell) in m.reason
+    else:
+        assert m.document["training"]["recompute"] == expected
+
+
+@pytest.mark.parametrize("mem, kind", [("80", None), ("not stated", None), ("96", "hardware"), ("94", "hardware")])
+def test_an_h100_with_other_memory_is_not_the_catalogs_h100(tmp_path, mem, kind):
+    """torchtitan's Grand Teton H100s (96 GB HBM2e, 500 W) are not the catalog's 80 GB SXM5."""
+    m = map_row(read_rows(_user_csv(tmp_path, [_user_row("g", mem=mem)]))[0], load_rules())
+    if kind is None:
+        assert m.document["cluster"]["system"] == "dgx-h100"
+    else:
+        assert isinstance(m, SkippedRow) and m.kind == kind and f"with {mem} GB" in m.reason
+
+
 def test_a_bad_memory_cell_skips_the_row(standin, tmp_path):
     path = _user_csv(tmp_path, [_user_row("m", peak="lots")])
     report = run_validation(path)
