@@ -28,9 +28,10 @@ def main() -> int:
     cmap = plt.get_cmap("tab10")
     for i, s in enumerate(sources):
         mine = [r for r in rows if r["source_key"] == s]
+        style = {"s": 22, "color": cmap(i % 10), "marker": "o^sD"[i // 10 % 4]}   # >10 sources: new marker
         ax.scatter([r["measured_step_s"] for r in mine], [r["predicted_step_s"] for r in mine],
-                   s=22, color=cmap(i % 10), label=s)
-        bx.scatter([i] * len(mine), [r["error_pct"] for r in mine], s=22, color=cmap(i % 10))
+                   label=s, **style)
+        bx.scatter([i] * len(mine), [r["error_pct"] for r in mine], **style)
     lo = min(min(r["measured_step_s"], r["predicted_step_s"]) for r in rows) * 0.8
     hi = max(max(r["measured_step_s"], r["predicted_step_s"]) for r in rows) * 1.25
     ax.plot([lo, hi], [lo, hi], color="black", lw=1)

@@ -21,6 +21,7 @@ SKIP_KINDS = {
     "ratio": "a ratio, average or other metric without an absolute time",
     "bound": "a bound, not a measurement",
     "incomplete": "configuration not fully stated",
+    "unsupported": "a setting the simulator does not express",
     "hardware": "GPU not in the catalog",
     "inconsistent": "configuration does not add up",
 }
@@ -29,6 +30,12 @@ _CNN = re.compile(r"inception|resnet|vgg|amoebanet|efficientnet|mobilenet|alexne
 OMNIPATH_LINK_GBPS = 100        # Intel Omni-Path 100 series: 100 Gb/s per port
 GPT2_BPE_VOCAB = 50257          # GPT-2 tokenizer (Radford et al. 2019)
 MEGATRON_VOCAB_DIVISOR = 128    # Megatron pads the vocab to a multiple of 128 x tp (--make-vocab-size-divisible-by)
+CATALOG_H100_MEMORY_GB = 80     # the catalog's h100-80gb (SXM5, HBM3); other H100s are other GPUs
+# Checkpointing that is neither none, full, nor the simulator's selective (the attention core,
+# Korthikanti et al. 2022 Sec. 5): whole blocks checkpointed for some of the blocks (torchtitan's
+# 'selective layer', fms-fsdp's selective_checkpointing fraction) or an operator policy
+# (torchtitan's 'selective op': every second matmul and all non-matmul ops recomputed).
+_PARTIAL_CHECKPOINTING = re.compile(r"selective (?:layer|op)\b|fraction of (?:the )?blocks", re.I)
 
 
 class Skip(Exception):
@@ -218,6 +225,11 @@ def _system_name(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
     if "h200" in low:
         return "hgx-h200"
     if "h100" in low:
+        memory = row["gpu_mem_GB"]
+        if not missing(memory) and leading_int(memory)[0] != CATALOG_H100_MEMORY_GB:
+            raise Skip("hardware", f"GPU {gpu!r} with {memory} GB: the catalog's H100 is the "
+                       f"{CATALOG_H100_MEMORY_GB} GB SXM5 (HBM3); a variant with other memory (and "
+                       "its own clocks and power limit) has no system in the catalog")
         return "dgx-h100"
     if "a100" in low or "v100" in low:
         memory = _gpu_memory_gb(row, rules, notes)
@@ -325,8 +337,14 @@ def framework(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
 
 
 def recompute(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
+    """none | selective | full from the row's cell, else the rules; checkpointing of some blocks or
+    by an operator policy (`_PARTIAL_CHECKPOINTING`) is none of them and skips the row."""
     text = row["recompute"].lower().strip()
     found = None
+    if _PARTIAL_CHECKPOINTING.search(text):
+        raise Skip("unsupported", f"recompute {row['recompute']!r}: checkpoints some blocks or some "
+                   "operators, not none, full or the attention-core recompute the simulator's "
+                   "'selective' is (Korthikanti et al. 2022)")
     if text.startswith(("no", "none")) and not text.startswith("not"):
         found = "none"
     elif "selective" in text:

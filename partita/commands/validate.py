@@ -173,14 +173,39 @@ def _frozen_test(args: argparse.Namespace) -> int:
     from partita.validation.ranking import choice_line, summarize_choices
     s = report.summary()
     choices = summarize_choices(_report_choices(report))
+    inside, total = interval_coverage(report)
     if args.json:
         print(json.dumps({"csv": str(csv), "frozen_test": s.to_json(),
-                          "layout_choice": choices.to_json()}))
+                          "layout_choice": choices.to_json(),
+                          "interval_coverage": {"inside": inside, "rows": total}}))
     else:
         print(f"partita validate --frozen-test: {len(ids)} step times of {csv.name}, never fitted")
         print(frozen_line(s))
+        print(coverage_line(inside, total))
         print(choice_line(choices))
     return 0
+
+
+def interval_coverage(report) -> tuple[int, int]:
+    """(rows whose measured step lies inside the prediction's interval, rows with an interval):
+    the interval of `simulator.interval` for the row's regime, as `simulate` shows it."""
+    from partita.simulator.interval import step_time_interval
+    from partita.validation.crossval import regime
+    inside = total = 0
+    for r in report.results:
+        if r.predicted_step_s is None:
+            continue
+        iv = step_time_interval(r.predicted_step_s, regime(r.row))
+        if iv is None:
+            continue
+        total += 1
+        inside += iv.low_s <= r.row.measured_step_s <= iv.high_s
+    return inside, total
+
+
+def coverage_line(inside: int, total: int) -> str:
+    """The interval-coverage line README quotes (tests/unit/validation/test_validation.py checks it)."""
+    return f"{inside} of {total} measured steps inside their 90% interval"
 
 
 def frozen_line(s) -> str:

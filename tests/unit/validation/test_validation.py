@@ -63,7 +63,7 @@ def standin(monkeypatch):
 
 def test_shipped_csv_has_the_published_rows_and_columns():
     rows = read_rows()
-    assert len(rows) == 157
+    assert len(rows) == 216
     assert set(rows[0]) == set(COLUMNS) - {"peak_memory_GiB"}    # the optional column is absent
     assert all(r["source"] and r["locator"] for r in rows)     # provenance kept
 
@@ -78,7 +78,7 @@ def test_most_gpu_transformer_rows_map(mapped):
     usable = [m for m in mapped.values() if isinstance(m, MappedRow)]
     assert len(usable) >= 78
     assert {m.source_key for m in usable} >= {"NAR21", "MLMRD", "SHO19", "MLM24", "BLMSW", "LLAMA3",
-                                              "MTNLG", "MPT", "NANOGPT"}
+                                              "MTNLG", "MPT", "NANOGPT", "DLEBERT", "TTITAN", "FMSFSDP"}
     # NeMo's performance tables are a RESERVED source (GUIDE.md): excluded, never fitted
     assert not any(m.source_key == "NEMOCP" for m in usable)
     for m in usable:                                   # each is a valid scenario with a positive time
@@ -91,6 +91,12 @@ def test_most_gpu_transformer_rows_map(mapped):
     ("NAR21-23", "incomplete"), ("LLAMA1-01", "incomplete"), ("GLM-01", "incomplete"),
     ("NAR21-24", "ratio"), ("PD2BW-01", "ratio"), ("ZERO-01", "ratio"), ("BYTEPS-01", "ratio"),
     ("GPIPE-04", "ratio"), ("NEOX-01", "inconsistent"), ("OPT-01", "inconsistent"),
+    ("TTITAN-02", "unsupported"),     # torchtitan's op-level selective checkpointing
+    ("FMSFSDP-03", "unsupported"),    # fms-fsdp's checkpointing of a fraction of the blocks
+    ("TTITAN-12", "hardware"),        # 96 GB HBM2e, 500 W Grand Teton H100
+    ("FMSFSDP-01", "excluded"),       # HSDP
+    ("FMSFSDP-13", "excluded"),       # torch.compile
+    ("TRAINY-01", "excluded"),        # float8
 ])
 def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     skipped = mapped[row_id]
@@ -133,6 +139,16 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("NAR21-01", "parallel", "overlap_grad_reduce", True),   # DDP=torch
     ("NAR21-05", "parallel", "overlap_grad_reduce", False),  # DDP=local
     ("NAR21-05", "training", "precision", "fp16"),           # examples/sc21/CONFIG.sh --fp16
+    ("TTITAN-04", "training", "framework", "fsdp"),          # FSDP2
+    ("TTITAN-04", "parallel", "zero", 3),                    # reshard after forward: FULL_SHARD
+    ("TTITAN-04", "training", "recompute", "none"),
+    ("TTITAN-04", "training", "micro_batch", 2),             # local batch 2, no accumulation
+    ("TTITAN-03", "training", "recompute", "full"),
+    ("TTITAN-03", "model", "vocab", 128256),
+    ("FMSFSDP-06", "cluster", "system", "dgx-h100"),
+    ("FMSFSDP-06", "cluster", "inter_node_gbps", 800.0),     # 'H100 96 GPUs with 800 Gbps'
+    ("FMSFSDP-06", "model", "ffn_hidden", 22016),            # fms-fsdp's 34b
+    ("FMSFSDP-05", "training", "global_batch", 256),         # 2 per GPU x 128
 ])
 def test_row_mapping(mapped, row_id, section, key, expected):
     assert mapped[row_id].document[section][key] == expected
@@ -200,6 +216,9 @@ def test_sources_own_numbers_agree_with_the_flop_conventions(mapped):
     # MPT-01: "model TFLOP/s/GPU 408, 1007 tokens/s/GPU"
     mpt = mapped["MPT-01"].scenario.model.resolve()
     assert model_flops(mpt, 1) / mpt.seq_len * 1007 == pytest.approx(408e12, rel=0.005)
+    # TTITAN-04: 2162 tokens/s per GPU, "MFU 61.1%" of 312 TFLOP/s (6 N + 12 l h q t per token)
+    titan = mapped["TTITAN-04"].scenario.model.resolve()
+    assert model_flops(titan, 1) / titan.seq_len * 2162 == pytest.approx(0.611 * 312e12, rel=0.015)
 
 
 def _hw(m: MappedRow) -> float:
@@ -212,6 +231,7 @@ def test_metric_conversions_by_hand(mapped):
     assert mapped["MPT-01"].measured_step_s == pytest.approx(4096 * 2048 / 515636)
     assert mapped["SHO19-09"].measured_step_s == pytest.approx(0.86 * 86400 / 68507)
     assert mapped["NANOGPT-01"].measured_step_s == pytest.approx(4 * 86400 / 600000)
+    assert mapped["FMSFSDP-06"].measured_step_s == pytest.approx(192 * 4096 / (1550 * 96))
     assert mapped["NAR21-10"].measured_step_s == pytest.approx(_hw(mapped["NAR21-10"]) / (163e12 * 3072))
     assert mapped["SHO19-04"].measured_step_s == pytest.approx(_hw(mapped["SHO19-04"]) / (0.83 * 39e12 * 128))
     # MFU: MLM24-10 with its guessed layout written as if stated (the row itself is skipped)
@@ -392,6 +412,34 @@ def test_malformed_rowmap_rules(tmp_path, text, needle):
         load_rules(path)
 
 
+@pytest.mark.parametrize("cell, expected", [
+    ("selective layer AC (full checkpointing of every n-th block)", None),     # torchtitan
+    ("selective op AC (torchtitan's op policy)", None),
+    ("Selective AC (full checkpointing of a fraction of the blocks)", None),   # fms-fsdp
+    ("selective (Megatron-LM --recompute-granularity selective)", "selective"),
+    ("full (every block checkpointed)", "full"),
+])
+def test_checkpointing_some_blocks_or_ops_is_not_selective_recompute(tmp_path, cell, expected):
+    """The simulator's 'selective' recomputes the attention core (Korthikanti et al. 2022); a row
+    that checkpoints every n-th block or by an operator policy is skipped, not mapped to it."""
+    row = {**_user_row("ac"), "recompute": cell}
+    m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
+    if expected is None:
+        assert isinstance(m, SkippedRow) and m.kind == "unsupported" and repr(cell) in m.reason
+    else:
+        assert m.document["training"]["recompute"] == expected
+
+
+@pytest.mark.parametrize("mem, kind", [("80", None), ("not stated", None), ("96", "hardware"), ("94", "hardware")])
+def test_an_h100_with_other_memory_is_not_the_catalogs_h100(tmp_path, mem, kind):
+    """torchtitan's Grand Teton H100s (96 GB HBM2e, 500 W) are not the catalog's 80 GB SXM5."""
+    m = map_row(read_rows(_user_csv(tmp_path, [_user_row("g", mem=mem)]))[0], load_rules())
+    if kind is None:
+        assert m.document["cluster"]["system"] == "dgx-h100"
+    else:
+        assert isinstance(m, SkippedRow) and m.kind == kind and f"with {mem} GB" in m.reason
+
+
 def test_a_bad_memory_cell_skips_the_row(standin, tmp_path):
     path = _user_csv(tmp_path, [_user_row("m", peak="lots")])
     report = run_validation(path)
@@ -519,6 +567,10 @@ def test_readme_quotes_the_frozen_test_figures(tmp_path, monkeypatch):
     report = validation.run_validation(csv_path, rows=ids, split=validation.Split(fit=frozenset()),
                                        catalog=load_catalog())
     assert frozen_line(report.summary()) in README.read_text()
+    from partita.commands.validate import _report_choices, coverage_line, interval_coverage
+    from partita.validation.ranking import choice_line, summarize_choices
+    assert coverage_line(*interval_coverage(report)) in README.read_text()
+    assert choice_line(summarize_choices(_report_choices(report))) in README.read_text()
 
 
 def test_frozen_test_rows_are_never_fit_rows():
