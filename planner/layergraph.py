@@ -28,6 +28,15 @@ from partita.planner.units import GIB
 
 OPTIMIZER_STATE_BYTES = {"adam": 8.0, "sgd": 4.0}     # fp32 moments (Adam two, SGD momentum one)
 DEFAULT_HEADROOM = 0.05                               # of the usable memory, kept free
+# Above this fraction of a GPU's memory `simulate` flags a step NEAR CAPACITY: there PyTorch's
+# caching allocator may fail to serve a request from its cache, free every cached block (cudaFree
+# synchronises the device) and retry (torch.cuda.memory_stats()["num_alloc_retries"]; DeepSpeed warns
+# of "pytorch allocator cache flushes since last step ... detrimental to performance",
+# deepspeed/runtime/zero/stage3.py), which the step model has no term for. The evidence is mixed, so
+# it is a flag, not a penalty or a planner rule: the two dev runs predicted above it (BLOOM's BLMSW-02
+# and -08, 98% and 94%) measured 21-22% slower than predicted, while in the frozen test's BLOOM jobs
+# layouts predicted above it were the measured fastest as often as not.
+MEMORY_PRESSURE_FRACTION = 0.90
 
 
 @lru_cache(maxsize=1)

@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
 from partita.planner.units import GIB
 
 
@@ -16,6 +17,8 @@ class Span:
     start_s: float
     end_s: float
     cat: str = ""        # forward | backward | backward-input | backward-weight | comm | ...
+
+
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,12 @@ class SimResult:
         return self.peak_memory_bytes <= self.memory_capacity_bytes
 
     @property
+    def near_memory_capacity(self) -> bool:
+        """Fits, but above MEMORY_PRESSURE_FRACTION of the GPU's memory (see there)."""
+        return self.fits_in_memory and (
+            self.peak_memory_bytes > MEMORY_PRESSURE_FRACTION * self.memory_capacity_bytes)
+
+    @property
     def usd_per_step(self) -> float | None:
         if self.usd_per_hour is None:
             return None
@@ -66,6 +75,7 @@ class SimResult:
             "mfu": self.mfu,
             "peak_memory_gib": self.peak_memory_gib,
             "fits_in_memory": self.fits_in_memory,
+            "near_memory_capacity": self.near_memory_capacity,
             "bubble_fraction": self.bubble_fraction,
             "breakdown_s": dict(self.breakdown_s),
             "memory_gib": {k: v / GIB for k, v in self.memory_breakdown_bytes.items()},

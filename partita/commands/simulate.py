@@ -57,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def format_summary(scenario, r, path: str) -> str:
+    from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
     p = scenario.parallel
     lines = [
         f"{scenario.name or path}: {r.gpus} GPUs on {r.details.get('nodes', 1)} x {r.system}  "
@@ -70,7 +71,9 @@ def format_summary(scenario, r, path: str) -> str:
         f"  throughput       {r.tokens_per_s:10.1f} tokens/s   {r.samples_per_s:.2f} samples/s",
         f"  model TFLOP/s    {r.tflops_per_gpu:10.1f} per GPU   MFU {100 * r.mfu:.1f}%",
         f"  peak memory      {r.peak_memory_gib:10.2f} GiB of {r.memory_capacity_bytes / GIB:.1f} GiB"
-        + ("" if r.fits_in_memory else "   DOES NOT FIT"),
+        + ("" if r.fits_in_memory else "   DOES NOT FIT")
+        + (f"   NEAR CAPACITY (above {100 * MEMORY_PRESSURE_FRACTION:.0f}%: allocator cache flushes "
+           "can slow the step; the prediction has no term for them)" if r.near_memory_capacity else ""),
         f"  bubble           {100 * r.bubble_fraction:10.1f} %",
     ]
     if r.usd_per_step is not None:

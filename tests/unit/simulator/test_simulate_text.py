@@ -53,3 +53,21 @@ def test_blocks_cover_the_model_once_and_memory_matches_json(capsys):
 def test_t5_counts_encoder_and_decoder_blocks(capsys):
     rows = stage_rows(run(capsys, "t5-3b-p4d"))
     assert [r[1] for r in rows] == ["0-11", "12-23", "24-35", "36-47"]   # 24 + 24 blocks
+
+
+def test_a_step_above_90_percent_of_memory_is_flagged_near_capacity(capsys, tmp_path):
+    import yaml
+    from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
+    doc = {"name": "full", "model": {"arch": "gpt", "layers": 72, "hidden": 14336, "heads": 112,
+                                     "seq_len": 2048, "vocab": 250880},
+           "cluster": {"system": "dgx-a100-80gb", "gpus": 384},
+           "training": {"global_batch": 2016, "micro_batch": 2, "precision": "fp16",
+                        "recompute": "full", "framework": "deepspeed"},
+           "parallel": {"tensor": 8, "pipeline": 2, "data": 24, "zero": 1}}
+    path = tmp_path / "full.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    sim = json.loads(run(capsys, str(path), "--json"))
+    share = sim["peak_memory_gib"] / sim["memory_capacity_gib"]
+    assert MEMORY_PRESSURE_FRACTION < share <= 1.0 and sim["near_memory_capacity"] is True
+    assert "NEAR CAPACITY" in run(capsys, str(path))
+    assert json.loads(run(capsys, "llama2-70b-h100", "--json"))["near_memory_capacity"] is False
