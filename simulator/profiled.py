@@ -56,7 +56,7 @@ def _layer_times(layer, env) -> tuple[float, float, float]:
     gpu, precision = ctx.system.gpu, ctx.training.precision
     g = cal.gpu(gpu.name)
     peak = gpu.peak(precision)
-    frac = oh.sustained(gpu.family) * oh.framework(ctx.training.framework)
+    frac = oh.matmul_fraction(gpu, precision, ctx.training.framework)
     ideal = layer.matmul_flops / peak
     matmul = ideal / (g.matmul_efficiency(precision, ideal, gpu.peak_is_measured(precision)) * frac) \
         if ideal > 0 else 0.0

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from partita.planner.hardware import GPU
 from partita.planner.stages import chunk_ranges
 from partita.simulator.chunkcost import ChunkCost
-from partita.simulator.compute import (LayerTimes, cuda_core_matmul, element_bytes,
+from partita.simulator.compute import (LayerTimes, element_bytes,
                                        elementwise_time, embedding_times, head_times, layer_times)
 from partita.simulator.context import StepContext
 from partita.simulator.host import (BACKWARD_KERNELS_PER_FORWARD, EMBEDDING_FORWARD_KERNELS,
@@ -51,17 +51,11 @@ def _add(parts: dict[str, float], key: str, value: float) -> None:
 def sustained(lt: LayerTimes, oh: Overheads, gpu: GPU, precision: str,
               per_layer_s: float = 0.0, framework: str = "megatron") -> LayerTimes:
     """A layer's times with matmul and attention work at the fractions a training run sustains
-    (per GPU family, for fp8, for attention kernels, for the framework) and a fixed per-layer cost.
-
-    The sustained fraction is what tensor-core matmuls keep of their sweep rate in a training
-    run (clocks under sustained full power); fp32 matmuls on a tensor-core GPU's CUDA cores
-    (`compute.cuda_core_matmul`) keep the sweep rate: NVIDIA's V100 FP32 BERT-large runs
-    (DLEBERT-15, -19) land within 3% of it, 47-52% faster than the fitted fraction made them."""
+    (per GPU family, for fp8, for attention kernels, for the framework: `Overheads.matmul_fraction`)
+    and a fixed per-layer cost."""
     frac = oh.sustained(gpu.family) * oh.framework(framework)
     slow = 1.0 / (frac * oh.attention_fraction) - 1.0                  # attention (16-bit)
-    slow_g = 1.0 / (frac * (oh.fp8_matmul_fraction if precision == "fp8" else 1.0)) - 1.0
-    if cuda_core_matmul(gpu, precision):
-        slow_g = 1.0 / oh.framework(framework) - 1.0
+    slow_g = 1.0 / oh.matmul_fraction(gpu, precision, framework) - 1.0
     p = lt.parts.get
     extra_f = slow_g * p("gemm_fwd", 0.0) + slow * p("attention_fwd", 0.0) + per_layer_s
     extra_i = slow_g * p("gemm_bwd_input", 0.0) + slow * p("attention_bwd", 0.0) + per_layer_s
