@@ -5,7 +5,7 @@ scenarios need, then runs each scenario for real (`partita run --json`) and prin
 (warm-up steps excluded), the prediction (`predicted_step_time_s` of the run, or `partita simulate
 --json` if the run has none) and their ratio. Target: within 15% (ratio 0.87-1.15).
 
-    .venv/bin/python benchmarks/bench_local_prediction.py              # ~1-2 minutes on 2 cores
+    .venv/bin/python benchmarks/bench_local_prediction.py              # ~2-3 minutes on 2 cores
     .venv/bin/python benchmarks/bench_local_prediction.py --quick      # quick calibration, fewer steps
     .venv/bin/python benchmarks/bench_local_prediction.py --keep       # calibrate into ~/.partita
 
@@ -71,9 +71,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="quick calibration, 6 steps per run")
     parser.add_argument("--keep", action="store_true",
                         help="calibrate into $PARTITA_HOME (default ~/.partita) and keep it")
-    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 12)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 24)")
     args = parser.parse_args()
-    steps = args.steps or (6 if args.quick else 12)
+    steps = args.steps or (6 if args.quick else 24)
     with tempfile.TemporaryDirectory(prefix="bench-local-") as tmp:
         env = dict(os.environ)
         if not args.keep:

@@ -15,9 +15,17 @@ parameter tensor. On a CPU device torch runs the single-tensor loop (the foreach
 implementations default on for CUDA tensors only: torch/optim/optimizer.py
 `_default_to_fused_or_foreach`), so every tensor pays its own ops' dispatch.
 
-A pipeline action: what the executor's pipeline schedule (torch.distributed.pipelining) adds to each
-stage's forward and backward of a micro-batch, from two-stage runs of a trivial layer
-(`pipeline_action`).
+A pipeline action: what the executor's pipeline schedules (torch.distributed.pipelining) add to each
+stage's forward and backward of a micro-batch: two-rank runs of each schedule runtime on a trivial
+layer (`pipeline_timings`), from which executor.pipeline_fit finds the work per action.
+
+A hand-off stall: how much longer an exchange of a send and a receive between two processes takes
+when both computed just before it than when both were idle (`handoff_stall`). torch's gloo
+process group moves the bytes on a communication thread of each process (gloo's TCP transport
+loop); when every core is busy with a process's compute, that thread waits for a core until the
+kernel's scheduler preempts the compute (at the latest at the next scheduler tick: 4 ms at
+CONFIG_HZ=250) or the compute blocks. The wait grows with the compute it competes with and levels
+off at about half a tick; where cores outnumber the busy threads it is about zero.
 
 benchmarks/bench_host_dispatch.py prints the first two for the GPU systems' host.yaml; `partita calibrate`
 (executor/microbench.py) records them for `local`.
@@ -32,7 +40,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+from torch.distributed.pipelining import PipelineStage
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from partita.executor.train import make_optimizer
@@ -119,40 +127,51 @@ def optimizer_step_per_tensor(name: str, device: torch.device | None = None, cal
     return median_seconds(opt.step, calls, repeats, clock) / OPTIMIZER_TENSORS
 
 
-PIPELINE_MICROBATCHES = (4, 16)     # two schedule lengths: the step's slope per micro-batch
+PIPELINE_MICROBATCHES = (4, 16)     # two schedule lengths: the step's growth per micro-batch
+# One schedule of each of torch's two schedule runtimes (torch/distributed/pipelining/schedules.py):
+# PipelineScheduleSingle (GPipe, 1F1B: one stage per rank) and PipelineScheduleMulti (interleaved
+# 1F1B, zero bubble: several stages per rank, an action list run one action at a time).
+PIPELINE_RUNTIMES = {"1f1b": 1, "interleaved-1f1b": 2}      # schedule -> stages per rank
 
 
-def pipeline_action(rank: int, world: int, repeats: int = 7) -> float:
-    """Host seconds per pipeline action (one micro-batch's forward or backward on one stage) that
-    the executor's schedule (torch.distributed.pipelining's Schedule1F1B) adds to the stage's own
-    work: its bookkeeping and the posting of and waiting on each activation's and gradient's
-    send and receive. Ranks pair up (0-1, 2-3, ...; an odd last rank waits), each pair a
-    two-stage pipeline of an 8 x 8 linear layer, all pairs at once as a run's stages would: the
-    step grows by one forward, one backward and two actions' overhead per micro-batch in the
-    steady state, so the overhead per action is (slope - forward - backward) / 2, with the slope
-    between PIPELINE_MICROBATCHES and the layer's forward and backward timed alone. Wall time:
-    where processes outnumber cores, the share of a core each gets counts. Collective over the
-    default group (every rank must call it); 0 on one process."""
+def pipeline_timings(rank: int, world: int, repeats: int = 7) -> dict[str, dict]:
+    """The executor's pipeline schedules (torch.distributed.pipelining, one of each runtime in
+    PIPELINE_RUNTIMES) timed on a trivial layer, for `executor.pipeline_fit` to find the host work
+    per action that the simulator's pipeline model needs to reproduce them. Ranks pair up (0-1,
+    2-3, ...; an odd last rank waits), each pair a pipeline over its two ranks, all pairs at once
+    as a run's stages would. Per schedule: {"stages_per_rank", "microbatches": PIPELINE_MICROBATCHES,
+    "step_s": median step at each, "forward_s", "backward_s": one layer's forward and backward
+    alone}. Wall time: where processes outnumber cores, the share of a core each gets counts.
+    Collective over the default group (every rank must call it); {} on one process."""
     if world < 2:
-        return 0.0
+        return {}
     pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]
     mine = rank // 2 if rank // 2 < len(pairs) else None
-    per_action = _pair_overhead(pairs[mine], rank % 2, repeats) if mine is not None else 0.0
-    dist.barrier()
-    return per_action
+    out = {}
+    for name, per_rank in PIPELINE_RUNTIMES.items():
+        if mine is not None:
+            out[name] = _pair_timings(pairs[mine], rank % 2, name, per_rank, repeats)
+        dist.barrier()
+    return out
 
 
-def _pair_overhead(group, stage_index: int, repeats: int) -> float:
-    """`pipeline_action` on one pair of ranks: this rank's stage `stage_index` of two."""
-    layer = nn.Linear(8, 8)
-    stage = PipelineStage(layer, stage_index, 2, torch.device("cpu"), group=group)
+def _pair_timings(group, pair_rank: int, name: str, per_rank: int, repeats: int) -> dict:
+    """`pipeline_timings` of schedule `name` on one pair: this rank holds stages pair_rank,
+    pair_rank + 2, ... of 2 * per_rank (torch's loop placement)."""
+    import torch.distributed.pipelining as pipelining
+    from partita.executor.plan import TORCH_SCHEDULES
+    layers = [nn.Linear(8, 8) for _ in range(per_rank)]
+    stages = [PipelineStage(layer, pair_rank + 2 * i, 2 * per_rank, torch.device("cpu"),
+                            group=group) for i, layer in enumerate(layers)]
+    cls = getattr(pipelining, TORCH_SCHEDULES[name])
     steps = []
     for m in PIPELINE_MICROBATCHES:
-        schedule = Schedule1F1B(stage, n_microbatches=m, loss_fn=lambda y, t: y.sum())
+        schedule = cls(stages[0] if per_rank == 1 else stages, n_microbatches=m,
+                       loss_fn=lambda y, t: y.sum())
         x, t = torch.randn(2 * m, 8), torch.randn(2 * m, 8)
 
         def step():
-            schedule.step(x) if stage_index == 0 else schedule.step(target=t)
+            schedule.step(x) if pair_rank == 0 else schedule.step(target=t)
         step()
         times = []
         for _ in range(repeats):
@@ -162,7 +181,53 @@ def _pair_overhead(group, stage_index: int, repeats: int) -> float:
             times.append(time.perf_counter() - start)
         steps.append(statistics.median(times))
     x = torch.randn(2, 8)
-    alone = median_seconds(lambda: layer(x).sum().backward(), 200, repeats,
-                                   time.perf_counter)
-    (m1, m2), (t1, t2) = PIPELINE_MICROBATCHES, steps
-    return max(0.0, ((t2 - t1) / (m2 - m1) - alone) / 2)
+    layer = layers[0]
+    forward = median_seconds(lambda: layer(x), 200, repeats, time.perf_counter)
+    both = median_seconds(lambda: layer(x).sum().backward(), 200, repeats, time.perf_counter)
+    return {"stages_per_rank": per_rank, "microbatches": list(PIPELINE_MICROBATCHES),
+            "step_s": steps, "forward_s": forward, "backward_s": max(both - forward, 0.0)}
+
+
+HANDOFF_BUSY_S = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)   # compute before each timed exchange
+HANDOFF_BYTES = 4096                                # one small activation
+
+
+def handoff_stall(rank: int, world: int, iterations: int = 100) -> list[list[float]]:
+    """[[compute seconds, stall seconds], ...]: the mean time of a send-and-receive exchange
+    between paired ranks (0-1, 2-3, ...; all pairs at once; an odd last rank waits) after each rank
+    computed for HANDOFF_BUSY_S (matmuls of 64 x 64), less its mean after no compute (module
+    docstring). Wall time; collective over the default group; [] on one process."""
+    if world < 2:
+        return []
+    pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]
+    mine = rank // 2 if rank // 2 < len(pairs) else None
+    out = []
+    if mine is not None:
+        peer = rank + 1 if rank % 2 == 0 else rank - 1
+        idle = _exchange_s(pairs[mine], peer, 0.0, iterations)
+        for busy in HANDOFF_BUSY_S:
+            n = min(iterations, max(10, round(iterations * 2e-3 / busy)))   # ~0.2 s at most each
+            out.append([busy, max(0.0, _exchange_s(pairs[mine], peer, busy, n) - idle)])
+    dist.barrier()
+    return out if mine is not None else [[busy, 0.0] for busy in HANDOFF_BUSY_S]
+
+
+def _exchange_s(group, peer: int, busy_s: float, iterations: int) -> float:
+    """Mean seconds to post and complete one isend and one irecv with `peer` after `busy_s` of
+    compute, over `iterations` (after one untimed)."""
+    a = torch.randn(64, 64)
+    send, recv = torch.randn(HANDOFF_BYTES // 4), torch.empty(HANDOFF_BYTES // 4)
+    total = 0.0
+    dist.barrier(group)
+    for i in range(iterations + 1):
+        end = time.perf_counter() + busy_s
+        while time.perf_counter() < end:
+            torch.mm(a, a)
+        start = time.perf_counter()
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, send, peer, group),
+                                        dist.P2POp(dist.irecv, recv, peer, group)])
+        for work in works:
+            work.wait()
+        if i:
+            total += time.perf_counter() - start
+    return total / iterations

@@ -96,8 +96,9 @@ def calibration_document(c: Calibrated) -> dict[str, Any]:
 def host_document(c: Calibrated) -> dict[str, Any]:
     """The overlay's `host:` section (simulator/host.py `HostCosts`): per kernel of a block pass
     (executor.hostbench: the block's process time per kernel-launching op at hidden 8, where the
-    kernels' own arithmetic is next to nothing), per pipeline action of the executor's schedule and
-    per parameter tensor of an optimizer step. On a CPU the kernels run inside the dispatching call
+    kernels' own arithmetic is next to nothing), per pipeline action of the executor's schedule, an
+    exchange's wait for a process's communication thread after compute (by the compute), and per
+    parameter tensor of an optimizer step. On a CPU the kernels run inside the dispatching call
     (`synchronous`)."""
     out: dict[str, Any] = {}
     b = c.block_host
@@ -108,8 +109,11 @@ def host_document(c: Calibrated) -> dict[str, Any]:
         out["op_dispatch_us"] = _r(c.op_dispatch_s * 1e6)
     if out:
         out["synchronous"] = c.machine.device == "cpu"
-    if c.pipeline_action_s > 0:
-        out["pipeline_action_us"] = _r(c.pipeline_action_s * 1e6)
+    if c.pipeline_action_s:
+        out["pipeline_action_us"] = {k: _r(v * 1e6) for k, v in c.pipeline_action_s.items()}
+    if c.handoff_stall:
+        out["handoff_stall_us_by_compute_us"] = [[_r(b * 1e6), _r(s * 1e6)]
+                                                 for b, s in c.handoff_stall]
     if c.optimizer_step_per_tensor_s:
         out["optimizer_step_per_tensor_us"] = {k: _r(v * 1e6)
                                                for k, v in c.optimizer_step_per_tensor_s.items()}

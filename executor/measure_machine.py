@@ -23,8 +23,13 @@ For S >> n_half, p2p(S) = base + step + (S + n_half) / bw: a line whose slope gi
 squares over the messages of at least 1 MiB) and whose intercept, less the measured small-message
 latency (base + step), gives n_half / bw (Hockney's n_1/2). The small all-reduce adds 2N-3 steps
 to the small send/recv, which gives the step latency and then base; where that would make base
-negative, step is the send's latency and c (the per-collective overhead) takes the rest. Efficiency
-is 1: bw is what was achieved, not a wire rate.
+negative, step is the send's latency. c, the per-collective overhead, is the median over the
+all-reduces of 1 KiB to 256 KiB of what they took beyond the ring's latency and transfer: gloo's ring
+(gloo/allreduce.cc `ring`) cuts any buffer into at least 2N segments and runs a send/recv round per
+segment, 4(N-1) rounds each waiting on the process group's communication thread; a 4-byte
+all-reduce has one non-empty segment and skips the rest, so it is no measure of c (the simulator
+charges a buffer of fewer than 2N elements its share of c: simulator/network.py
+`_call_overhead`). Efficiency is 1: bw is what was achieved, not a wire rate.
 """
 from __future__ import annotations
 
@@ -32,13 +37,14 @@ import datetime as dt
 import os
 import platform
 import socket
+import statistics
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from partita.planner.errors import PartitaError
-from partita.planner.units import GIB, MIB
+from partita.planner.units import GIB, KIB, MIB
 
 CPU_PRECISIONS = ("fp32", "bf16")
 CUDA_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
@@ -96,7 +102,10 @@ class Calibrated:
     # optimizer step, by optimizer; empty where not measured
     block_host: dict[str, float] = field(default_factory=dict)
     optimizer_step_per_tensor_s: dict[str, float] = field(default_factory=dict)
-    pipeline_action_s: float = 0.0         # executor.hostbench.pipeline_action (CPU, >= 2 processes)
+    # executor.pipeline_fit: host seconds per pipeline action, by schedule (CPU, >= 2 processes)
+    pipeline_action_s: dict[str, float] = field(default_factory=dict)
+    # executor.hostbench.handoff_stall: [[compute s, stall s], ...] (CPU, >= 2 processes)
+    handoff_stall: list[list[float]] = field(default_factory=list)
 
     def best_flops(self, precision: str) -> float:
         return max(rate for *_, rate in self.matmul[precision])
@@ -239,25 +248,49 @@ def combine(machine: Machine, ranks: list[dict]) -> Calibrated:
     # A measured matmul is a kernel too: the floor (the shortest kernel) cannot exceed the
     # fastest of them, or the simulator would predict that matmul slower than it ran.
     fastest = min(2.0 * m * n * k / rate for rows in matmul.values() for m, n, k, rate in rows)
+    link = fit_link(p2p, allreduce, machine.processes) if p2p else None
     return Calibrated(machine=machine, matmul=matmul, copy=mean_rows([r["copy"] for r in ranks]),
                       elementwise=elementwise,
                       attention=attention,
                       op_floor_s=min(sum(r["op_floor_s"] for r in ranks) / len(ranks), fastest),
                       p2p=p2p, allreduce=allreduce,
-                      link=fit_link(p2p, allreduce, machine.processes) if p2p else None,
+                      link=link,
                       op_dispatch_s=_mean(ranks, "op_dispatch_s"),
                       block_host={k: _mean([r.get("block_host", {}) for r in ranks], k)
                                   for k in ranks[0].get("block_host", {})},
                       optimizer_step_per_tensor_s={
                           k: _mean([r.get("optimizer_step_per_tensor_s", {}) for r in ranks], k)
                           for k in ranks[0].get("optimizer_step_per_tensor_s", {})},
-                      pipeline_action_s=_mean(ranks[:2 * (len(ranks) // 2)],
-                                              "pipeline_action_s"))
+                      pipeline_action_s=_pipeline_actions(ranks[:2 * (len(ranks) // 2)], link),
+                      handoff_stall=mean_rows([r["handoff_stall"]
+                                               for r in ranks[:2 * (len(ranks) // 2)]])
+                      if ranks[0].get("handoff_stall") else [])
+
+
+def _pipeline_actions(paired: list[dict], link: LinkFit | None) -> dict[str, float]:
+    """Host seconds per action of each timed schedule (executor.pipeline_fit), from the paired
+    ranks' timings averaged, each stage-to-stage transfer a small send's one-way time."""
+    from partita.executor.pipeline_fit import action_seconds
+    timed = [r["pipeline_timings"] for r in paired if r.get("pipeline_timings")]
+    if not timed or link is None:
+        return {}
+    out = {}
+    for name, first in timed[0].items():
+        runs = [t[name] for t in timed]
+        mean = dict(first, step_s=[sum(r["step_s"][i] for r in runs) / len(runs)
+                                   for i in range(len(first["step_s"]))],
+                    forward_s=sum(r["forward_s"] for r in runs) / len(runs),
+                    backward_s=sum(r["backward_s"] for r in runs) / len(runs))
+        out[name] = action_seconds(name, mean, link.p2p_small_s)
+    return out
 
 
 def _mean(results: list[dict], key: str) -> float:
     """The mean of `key` over the ranks' results (0 where a rank lacks it)."""
     return sum(r.get(key, 0.0) for r in results) / len(results)
+
+
+OVERHEAD_BYTES = (KIB, 256 * KIB)    # all-reduce sizes that give the per-collective overhead
 
 
 def fit_link(p2p: list[list[float]], allreduce: list[list[float]], world: int) -> LinkFit:
@@ -267,10 +300,13 @@ def fit_link(p2p: list[list[float]], allreduce: list[list[float]], world: int) -
     p2p_small, ar_small = min(p2p)[1], min(allreduce)[1]
     base, step = _latencies(p2p_small, ar_small, world)
     ring = base + 2 * (world - 1) * step
+    excess = [t - ring - 2 * (world - 1) / world * s / bw for s, t in allreduce
+              if OVERHEAD_BYTES[0] <= s <= OVERHEAD_BYTES[1]]
+    overhead = statistics.median(excess) if excess else ar_small - ring
     return LinkFit(bytes_per_s=bw, step_latency_s=step, base_latency_s=base,
                    half_bandwidth_bytes=max(0.0, (intercept - p2p_small) * bw),
                    p2p_small_s=p2p_small, allreduce_small_s=ar_small,
-                   collective_overhead_s=max(0.0, ar_small - ring) if world > 1 else 0.0)
+                   collective_overhead_s=max(0.0, overhead) if world > 1 else 0.0)
 
 
 def _latencies(p2p_small: float, ar_small: float, world: int) -> tuple[float, float]:

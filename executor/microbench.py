@@ -5,7 +5,9 @@ caches and memory bandwidth it has during a run): matmul rates by size and preci
 bandwidth by size, a GPT block's elementwise kernels, scaled-dot-product attention, and the
 shortest time of one autograd-recorded op, and the host time per kernel of a GPT block and per
 parameter tensor of an optimizer step (executor.hostbench).
-Then rank 0 and rank 1 time a send/recv ping-pong and all ranks an all-reduce, by message size.
+Then rank 0 and rank 1 time a send/recv ping-pong and all ranks an all-reduce, by message size; on
+a CPU, pairs of ranks run the executor's pipeline schedule and time exchanges after compute
+(executor.hostbench `pipeline_timings`, `handoff_stall`).
 `rank_main` writes each rank's results to `<out>/rank<R>.json`; executor.measure_machine combines them.
 
 Times are medians of `repeats` batches, each batch long enough (`min_s`) for the clock; collectives
@@ -25,7 +27,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from partita.executor.hostbench import block_host, optimizer_step_per_tensor, pipeline_action
+from partita.executor.hostbench import (block_host, handoff_stall, optimizer_step_per_tensor,
+                                        pipeline_timings)
 from partita.planner.enums import OPTIMIZERS
 
 DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -88,7 +91,8 @@ def measure(plan: Plan, rank: int, world: int) -> dict:
         result["p2p"] = p2p_times(plan.message_bytes, rank, device, plan)
         result["allreduce"] = allreduce_times(plan.message_bytes, device, plan)
         if plan.device == "cpu":
-            result["pipeline_action_s"] = pipeline_action(rank, world, plan.repeats)
+            result["pipeline_timings"] = pipeline_timings(rank, world, 3 * plan.repeats)
+            result["handoff_stall"] = handoff_stall(rank, world, iterations=14 * plan.repeats)
     return result
 
 

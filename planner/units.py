@@ -5,6 +5,7 @@ Data files and reports use human units in key names (`memory_gib`, `mem_bw_GBps`
 """
 from __future__ import annotations
 
+KIB = 2 ** 10           # bytes per KiB
 MIB = 2 ** 20           # bytes per MiB
 GIB = 2 ** 30           # bytes per GiB
 GB = 1e9                # bytes per GB (decimal: GB/s in the catalog)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from partita.planner.documents import Checker
-from partita.planner.enums import FRAMEWORKS, OPTIMIZERS
+from partita.planner.enums import FRAMEWORKS, OPTIMIZERS, SCHEDULES
 from partita.planner.provenance import load_by_provenance
 from partita.planner.units import GIB
 from partita.simulator.attentionramp import CURVE_KEYS, AttentionRamp, ramp_from_tflops
@@ -32,7 +32,7 @@ TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6),
                "half_bandwidth_mb": ("half_bandwidth_bytes", MB)}
 TIER_REQUIRED = ("efficiency", "step_latency_us", "base_latency_us", "half_bandwidth_mb")
 HOST_KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "pipeline_action_us", "synchronous",
-             "optimizer_step_per_tensor_us", "source")
+             "optimizer_step_per_tensor_us", "handoff_stall_us_by_compute_us", "source")
 MEMORY_KEYS = ("usable_memory_gib", "cuda_context_gib", "communication_buffers_gib",
                "fragmentation_fraction",
                "framework_buffers_gib", "source", "notes")
@@ -69,11 +69,26 @@ def _parse_host(c: Checker) -> dict[str, Any]:
     """A measured machine's host costs (simulator/host.py `HostCosts`), SI."""
     c.only(HOST_KEYS)
     out: dict[str, Any] = {}
-    for key in ("op_dispatch_us", "backward_op_dispatch_us", "pipeline_action_us"):
+    for key in ("op_dispatch_us", "backward_op_dispatch_us"):
         if c.has(key):
             out[key.replace("_us", "_s")] = c.number(key, positive=False, minimum=0.0) * 1e-6
+    if c.has("pipeline_action_us") and not isinstance(c.mapping["pipeline_action_us"], dict):
+        # a file from before the schedules were timed apart: it timed Schedule1F1B
+        out["pipeline_action_s"] = {
+            "1f1b": c.number("pipeline_action_us", positive=False, minimum=0.0) * 1e-6}
+    elif c.has("pipeline_action_us"):
+        per = c.sub("pipeline_action_us")
+        per.only(SCHEDULES)
+        out["pipeline_action_s"] = {
+            name: per.number(name, positive=False, minimum=0.0) * 1e-6 for name in per.mapping}
     if c.has("synchronous"):
         out["synchronous"] = c.bool("synchronous", False)
+    if c.has("handoff_stall_us_by_compute_us"):
+        points = _points(c, "handoff_stall_us_by_compute_us", 1e-6, 1e-6)
+        if any(x <= 0 or y < 0 for x, y in points):
+            raise c.error("compute must be > 0 and stall >= 0 (microseconds)",
+                          "handoff_stall_us_by_compute_us")
+        out["handoff_stall_s"] = points
     if c.has("optimizer_step_per_tensor_us"):
         per = c.sub("optimizer_step_per_tensor_us")
         per.only(OPTIMIZERS)

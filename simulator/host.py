@@ -15,9 +15,16 @@ kernel's own adds to it. An optimizer step costs the host `optimizer_step_per_te
 parameter tensor where the optimizer loops over tensors (torch's single-tensor implementations,
 which torch picks for CPU tensors); the multi-tensor and fused optimizers of GPU training launch a
 few kernels for all tensors together and none is charged. A pipeline schedule's own work per
-action (posting and waiting on sends and receives, bookkeeping: `pipeline_action_s`, measured by
-`partita calibrate` for the executor's torch.distributed.pipelining schedules) adds to each
-stage's forward and backward.
+action (posting and waiting on sends and receives, bookkeeping: `pipeline_action_s`, found by
+`partita calibrate` for each runtime of the executor's torch.distributed.pipelining schedules,
+executor/pipeline_fit.py) adds to each stage's forward and backward. On a machine whose cores are all busy computing (`partita calibrate`
+on a CPU with as many processes as cores), each action's exchange also waits for the receiving
+process's communication thread to get a core (gloo moves bytes on a thread of its own): until the
+scheduler preempts the compute, up to a scheduler tick (4 ms at CONFIG_HZ=250). The wait grows
+with the compute the thread competes with; `handoff_stall_s` holds it as measured by compute
+(executor.hostbench `handoff_stall`) and an action of a schedule that exchanges as that benchmark
+does (FUSED_EXCHANGE) pays it at its own compute time; for torch's multi-stage runtime the
+stall of its separate waits is not told apart from its measured work per action (README, `local`).
 
 Kernels per block forward (`forward_kernels`), counted from Megatron-LM's GPT block
 (megatron/core/transformer/transformer_layer.py with its fused kernels): two layer norms, four GEMMs
@@ -44,6 +51,15 @@ HOST_FILE = CALIBRATION_DIR / "host.yaml"
 KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "launch_us", "launch_blocking_wait_us",
         "source")
 BACKWARD_KERNELS_PER_FORWARD = 2
+# The schedule whose measured work per action stands for another's: torch runs GPipe with 1F1B's
+# runtime (PipelineScheduleSingle) and zero bubble with interleaved 1F1B's (PipelineScheduleMulti),
+# torch/distributed/pipelining/schedules.py; `partita calibrate` times one of each.
+RUNTIME_OF = {"gpipe": "1f1b", "zero-bubble": "interleaved-1f1b"}
+# Schedules whose runtime (PipelineScheduleSingle) posts each action's send together with the next
+# receive and waits on both right after the compute: the exchange `handoff_stall_s` times. The
+# multi-stage runtime posts every send and receive as an action of its own, waited on just before
+# the compute that needs it; its measured work per action stands alone (see handoff_stall).
+FUSED_EXCHANGE = ("gpipe", "1f1b")
 # The stack's own kernels per micro-batch, counted on partita's GPT (planner/models/gpt.py, the
 # executor's model) with executor.hostbench.KernelCount: the embedding's word and position lookups,
 # their sum and a layout copy; the head's final norm, logits GEMM and cross-entropy (log-softmax,
@@ -60,9 +76,12 @@ class HostCosts:
     launch_blocking_wait_s: float = 0.0
     backward_op_dispatch_s: float | None = None   # per backward kernel; None: = op_dispatch_s
     synchronous: bool = False                     # kernels run inside the call (a CPU device)
-    pipeline_action_s: float = 0.0                # per forward or backward of a pipeline stage
+    # per forward or backward of a pipeline stage, by the schedule measured (RUNTIME_OF for the rest)
+    pipeline_action_s: dict[str, float] = field(default_factory=dict, hash=False)
     # host seconds per parameter tensor of one optimizer step, by optimizer (adam, sgd)
     optimizer_step_per_tensor_s: dict[str, float] = field(default_factory=dict, hash=False)
+    # ((compute seconds, stall seconds), ...): an exchange's wait after that much compute
+    handoff_stall_s: tuple[tuple[float, float], ...] = ()
 
     @property
     def per_kernel_s(self) -> float:
@@ -88,15 +107,37 @@ class HostCosts:
         return max(0.0, host - device_s)
 
 
-    def pipeline_action(self, device_s: float, pipeline: int) -> float:
+    def schedule_action_s(self, schedule: str) -> float:
+        """Host seconds per action of `schedule`: its own measurement, else that of the schedule
+        torch runs with the same runtime (RUNTIME_OF), else 0."""
+        per = self.pipeline_action_s
+        return per.get(schedule, per.get(RUNTIME_OF.get(schedule, schedule), 0.0))
+
+    def pipeline_action(self, device_s: float, pipeline: int, schedule: str = "1f1b") -> float:
         """Seconds of one pipeline action (a micro-batch's forward or backward on one stage) whose
-        stage work takes `device_s`, with the schedule's own host work per action beside it
-        (after it on a synchronous device); none without a pipeline."""
-        if pipeline < 2 or self.pipeline_action_s <= 0.0:
+        stage work takes `device_s`, with `schedule`'s own host work per action beside it (after
+        it on a synchronous device, with its exchange's hand-off stall); none without a
+        pipeline."""
+        if pipeline < 2:
             return device_s
+        action = self.schedule_action_s(schedule)
         if self.synchronous:
-            return device_s + self.pipeline_action_s
-        return max(device_s, self.pipeline_action_s)
+            stall = self.handoff_stall(device_s) if schedule in FUSED_EXCHANGE else 0.0
+            return device_s + action + stall
+        return max(device_s, action)
+
+    def handoff_stall(self, compute_s: float) -> float:
+        """Seconds an exchange after `compute_s` of compute waits for the communication thread:
+        `handoff_stall_s` interpolated linearly, from 0 at no compute, held after its last point."""
+        pts = self.handoff_stall_s
+        if not pts or compute_s <= 0.0:
+            return 0.0
+        x0, y0 = 0.0, 0.0
+        for x1, y1 in pts:
+            if compute_s <= x1:
+                return y0 + (y1 - y0) * (compute_s - x0) / (x1 - x0)
+            x0, y0 = x1, y1
+        return y0
 
     def optimizer_step(self, optimizer: str, tensors: float, device_s: float) -> float:
         """Seconds of one optimizer step over `tensors` parameter tensors whose arithmetic takes

@@ -406,14 +406,23 @@ def collective(kind: str, algorithm: str, nbytes: float, group: Group, topo: Top
         seconds = min(f(nbytes, group, topo) for f in auto_candidates(group, topo))
     else:
         seconds = ALLREDUCE[algorithm](nbytes, group, topo)
-    return seconds + _call_overhead(group, topo) if seconds > 0 else seconds
+    return seconds + _call_overhead(group, topo, nbytes) if seconds > 0 else seconds
 
 
-def _call_overhead(group: Group, topo: Topology) -> float:
+GLOO_ELEMENT_BYTES = 4      # the scalars and fp32 buffers a gloo all-reduce carries on a CPU
+
+
+def _call_overhead(group: Group, topo: Topology, nbytes: float) -> float:
     """`Tier.collective_overhead_s` of the tier the group's collective crosses last (the network
-    across nodes, else the link inside the node)."""
+    across nodes, else the link inside the node). It is measured on buffers that fill gloo's ring:
+    at least 2N segments of one element or more, a send/recv round each (gloo/allreduce.cc
+    `ring`); a buffer of fewer elements sends only its non-empty segments and pays that share."""
     tier = topo.inter if group.nodes > 1 else topo.intra
-    return tier.collective_overhead_s if tier is not None else 0.0
+    if tier is None or tier.collective_overhead_s <= 0.0:
+        return 0.0
+    segments = 2 * group.ranks
+    filled = min(segments, max(1.0, math.ceil(nbytes / GLOO_ELEMENT_BYTES)))
+    return tier.collective_overhead_s * filled / segments
 
 
 def auto_candidates(group: Group, topo: Topology) -> list:

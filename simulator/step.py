@@ -56,7 +56,7 @@ def simulate(scenario, catalog, *, trace: bool = False, calibration=None,
     env = StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal, oh=oh, host=host)
     model = model_costs(ctx)
     p = ctx.parallel
-    chunks = [_with_schedule_work(c, host, p.pipeline) for c in model.chunk_costs(env)]
+    chunks = [_with_schedule_work(c, host, p.pipeline, p.schedule) for c in model.chunk_costs(env)]
     act, grad, same = p2p_costs(env, model.boundary_bytes(ctx))
     costs = PipelineCosts(tuple(c.forward_s for c in chunks), tuple(c.backward_s for c in chunks),
                           tuple(c.backward_weight_s for c in chunks), tuple(act), tuple(grad),
@@ -111,11 +111,12 @@ def _total(m) -> float:
     return m.parameters + m.gradients + m.optimizer + m.activations + m.other
 
 
-def _with_schedule_work(chunk: ChunkCost, host: HostCosts, pipeline: int) -> ChunkCost:
+def _with_schedule_work(chunk: ChunkCost, host: HostCosts, pipeline: int,
+                        schedule: str = "1f1b") -> ChunkCost:
     """The chunk with the pipeline schedule's own work per action (`HostCosts.pipeline_action`)
     in its forward and backward, kept apart in its parts as "pipeline_schedule"."""
-    f = host.pipeline_action(chunk.forward_s, pipeline)
-    b = host.pipeline_action(chunk.backward_s, pipeline)
+    f = host.pipeline_action(chunk.forward_s, pipeline, schedule)
+    b = host.pipeline_action(chunk.backward_s, pipeline, schedule)
     added = (f - chunk.forward_s) + (b - chunk.backward_s)
     if added <= 0.0:
         return chunk

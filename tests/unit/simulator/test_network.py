@@ -59,6 +59,21 @@ def test_a_collective_overhead_is_paid_per_collective_call_not_per_send():
     assert p2p(S, True, topo) == p2p(S, True, IDEAL)
 
 
+def test_a_buffer_that_leaves_gloos_ring_segments_empty_pays_their_share_of_the_overhead():
+    """gloo's ring cuts a buffer into at least 2N segments and runs a round per non-empty one
+    (gloo/allreduce.cc `ring`): a one-element all-reduce over 2 ranks fills 1 of 4 segments and
+    pays a quarter of the per-collective overhead, 4 elements or more all of it."""
+    slow = replace(IDEAL_INTRA, collective_overhead_s=1e-3)
+    topo = Topology("t", 8, slow, IDEAL_INTER)
+
+    def extra(nbytes):
+        return (collective("allreduce", "ring", nbytes, Group(2, 2), topo)
+                - collective("allreduce", "ring", nbytes, Group(2, 2), IDEAL))
+    assert extra(4) == pytest.approx(2.5e-4)
+    assert extra(8) == pytest.approx(5e-4)
+    assert extra(16) == pytest.approx(1e-3) and extra(S) == pytest.approx(1e-3)
+
+
 
 def test_ring_moves_two_n_minus_one_over_n_of_the_buffer():
     for n in (2, 4, 8):

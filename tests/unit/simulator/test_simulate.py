@@ -465,15 +465,38 @@ def test_the_pipeline_schedules_work_per_action_adds_to_each_stage_pass():
     from partita.simulator.chunkcost import ChunkCost
     from partita.simulator.host import HostCosts
     from partita.simulator.step import _with_schedule_work
-    sync = HostCosts(pipeline_action_s=3e-4, synchronous=True)
+    sync = HostCosts(pipeline_action_s={"1f1b": 3e-4, "interleaved-1f1b": 9e-4}, synchronous=True)
     chunk = ChunkCost(1e-3, 2e-3, 1e-3, {"compute": 3e-3})
     out = _with_schedule_work(chunk, sync, pipeline=2)
     assert (out.forward_s, out.backward_s) == pytest.approx((1.3e-3, 2.3e-3))
     assert out.parts["pipeline_schedule"] == pytest.approx(6e-4) and out.parts["compute"] == 3e-3
     assert _with_schedule_work(chunk, sync, pipeline=1) is chunk          # no pipeline: no schedule
-    beside = HostCosts(pipeline_action_s=1.5e-3)                          # asynchronous device
+    # each schedule its own runtime's work: GPipe runs on 1F1B's, zero bubble on interleaved's
+    assert _with_schedule_work(chunk, sync, 2, "gpipe").forward_s == pytest.approx(1.3e-3)
+    for name in ("interleaved-1f1b", "zero-bubble"):
+        assert _with_schedule_work(chunk, sync, 2, name).forward_s == pytest.approx(1.9e-3)
+    beside = HostCosts(pipeline_action_s={"1f1b": 1.5e-3})               # asynchronous device
     assert _with_schedule_work(chunk, beside, pipeline=4).forward_s == pytest.approx(1.5e-3)
     assert _with_schedule_work(chunk, beside, pipeline=4).backward_s == pytest.approx(2e-3)
+    assert _with_schedule_work(chunk, HostCosts(), pipeline=4) is chunk   # nothing measured
+
+
+def test_a_handoff_stall_grows_with_the_compute_before_the_exchange_and_levels_off():
+    """`HostCosts.handoff_stall`: linear from 0 at no compute through the measured points, held
+    after the last; a fused-exchange schedule's action pays it at its own compute, the multi-stage
+    runtime's does not (its measured work per action stands alone)."""
+    from partita.simulator.host import HostCosts
+    host = HostCosts(synchronous=True, pipeline_action_s={"1f1b": 1e-4, "interleaved-1f1b": 1e-4},
+                     handoff_stall_s=((1e-3, 1e-3), (3e-3, 2e-3)))
+    assert host.handoff_stall(0.0) == 0.0
+    assert host.handoff_stall(5e-4) == pytest.approx(5e-4)
+    assert host.handoff_stall(2e-3) == pytest.approx(1.5e-3)
+    assert host.handoff_stall(1.0) == pytest.approx(2e-3)
+    assert HostCosts().handoff_stall(1e-3) == 0.0
+    assert host.pipeline_action(2e-3, 2, "1f1b") == pytest.approx(2e-3 + 1e-4 + 1.5e-3)
+    assert host.pipeline_action(2e-3, 2, "gpipe") == pytest.approx(2e-3 + 1e-4 + 1.5e-3)
+    assert host.pipeline_action(2e-3, 2, "interleaved-1f1b") == pytest.approx(2e-3 + 1e-4)
+    assert host.pipeline_action(2e-3, 1, "1f1b") == 2e-3
 
 
 @pytest.mark.parametrize("name, world, split_qkv", [("tiny-gpt-pp2", 2, 4),
@@ -507,6 +530,11 @@ def test_rank_tensors_count_the_executors_parameter_tensors(name, world, split_q
     ("{optimizer_step_per_tensor_us: {lamb: 3}}", "optimizer_step_per_tensor_us.lamb"),
     ("{op_dispatch_us: -2}", "op_dispatch_us"),
     ("{synchronous: maybe}", "synchronous"),
+    ("{pipeline_action_us: {1f2b: 3}}", "pipeline_action_us.1f2b"),
+    ("{pipeline_action_us: {1f1b: -3}}", "pipeline_action_us.1f1b"),
+    ("{handoff_stall_us_by_compute_us: [[0, 5]]}", "handoff_stall_us_by_compute_us"),
+    ("{handoff_stall_us_by_compute_us: [[300, 5], [100, 9]]}", "handoff_stall_us_by_compute_us"),
+    ("{handoff_stall_us_by_compute_us: [[100, -1]]}", "handoff_stall_us_by_compute_us"),
 ])
 def test_a_bad_host_section_of_an_overlay_is_one_error_naming_the_key(tmp_path, host, message):
     from partita.planner.errors import PartitaError
@@ -516,6 +544,18 @@ def test_a_bad_host_section_of_an_overlay_is_one_error_naming_the_key(tmp_path, 
     with pytest.raises(PartitaError) as exc:
         load_calibration(f, include_local=False)
     assert str(f) in str(exc.value) and message in str(exc.value)
+
+
+def test_an_overlay_from_before_the_schedules_were_timed_apart_reads_as_1f1bs(tmp_path):
+    """Its one `pipeline_action_us` number timed torch's Schedule1F1B: it stands for 1F1B and
+    GPipe (same runtime), not for the multi-stage runtime."""
+    from partita.simulator.calibration import load_calibration
+    f = tmp_path / "overlay.yaml"
+    f.write_text("host: {pipeline_action_us: 250, synchronous: true}\n")
+    host = load_calibration(f, include_local=False).local_host
+    assert host.pipeline_action_s == {"1f1b": pytest.approx(2.5e-4)}
+    assert host.schedule_action_s("gpipe") == pytest.approx(2.5e-4)
+    assert host.schedule_action_s("interleaved-1f1b") == 0.0
 
 
 def test_host_yaml_without_a_backward_dispatch_uses_the_forwards(tmp_path):
