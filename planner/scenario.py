@@ -65,7 +65,8 @@ class TrainingSpec:
     precision: str = "bf16"
     recompute: str = "none"
     optimizer: str = "adam"
-    attention: str = "flash"        # flash (fused, scores never stored) | unfused (stored scores)
+    attention: str = "flash"        # flash (fused, scores never stored; the GPU's best generation)
+                                    # | flash2 (FlashAttention-2 itself) | unfused (stored scores)
                                     # | eager (stored scores, scale/mask/softmax/dropout unfused)
     framework: str = "megatron"     # megatron (Megatron-LM/-Core, NeMo) | deepspeed | fsdp (torch FSDP)
     launch_blocking: bool = False   # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the kernel

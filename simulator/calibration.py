@@ -64,12 +64,21 @@ class GpuCalibration:
     # Flash attention's efficiency relative to attention_forward/backward by sequence length and
     # head dimension (simulator/attentionramp.py); None: flat (e.g. measured at one shape locally).
     attention_ramp: AttentionRamp | None = None
+    # FlashAttention-2's long-sequence efficiencies where the GPU's own flash kernel is a later
+    # generation (Hopper: FlashAttention-3, cuDNN); None: FlashAttention-2 is its flash kernel.
+    flash2_forward: float | None = None
+    flash2_backward: float | None = None
 
     def attention_efficiency(self, backward: bool, seq_len: float | None = None,
-                             head_dim: float | None = None, causal: bool = True) -> float:
-        """Flash attention's fraction of the matmul peak: the long-sequence efficiency times the
-        ramp at this sequence length and head dimension (when both are given)."""
+                             head_dim: float | None = None, causal: bool = True,
+                             kernel: str = "flash") -> float:
+        """Flash attention's fraction of the matmul peak: the long-sequence efficiency of `kernel`
+        ("flash": the GPU's best flash kernel; "flash2": FlashAttention-2) times the ramp at this
+        sequence length and head dimension (when both are given)."""
         eff = self.attention_backward if backward else self.attention_forward
+        if kernel == "flash2":
+            own = self.flash2_backward if backward else self.flash2_forward
+            eff = eff if own is None else own
         if self.attention_ramp is None or seq_len is None or head_dim is None:
             return eff
         return eff * self.attention_ramp(seq_len, head_dim, causal)
@@ -275,7 +284,8 @@ def _build_gpu(name: str, entries: dict[str, Any], shape: Curve, peak_shape: flo
                           e.get("attention_forward", default.attention_forward),
                           e.get("attention_backward", default.attention_backward),
                           e.get("kernel_floor_s", default.kernel_floor_s),
-                          tuple(e.get("source", ())), default.default_plateau, ramp)
+                          tuple(e.get("source", ())), default.default_plateau, ramp,
+                          e.get("flash2_forward"), e.get("flash2_backward"))
 
 
 def _matmul_curve(entry: dict[str, Any], shape: Curve, peak_shape: float, origin: str,

@@ -14,7 +14,8 @@ from partita.simulator.attentionramp import CURVE_KEYS, AttentionRamp, ramp_from
 MB = 1e6
 PRECISION_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 GPU_KEYS = ("like", "matmul", "memory_efficiency_by_mb", "attention_forward_efficiency",
-            "attention_backward_efficiency", "attention_by_seq_tflops", "kernel_floor_us", "source",
+            "attention_backward_efficiency", "flash2_forward_efficiency",
+            "flash2_backward_efficiency", "attention_by_seq_tflops", "kernel_floor_us", "source",
             "notes")
 DEFAULT_KEYS = ("matmul_shape_by_ideal_us", "matmul_plateau_efficiency", "memory_efficiency_by_mb",
                 "attention_forward_efficiency", "attention_backward_efficiency",
@@ -113,7 +114,9 @@ def _parse_gpu(c: Checker, keys: tuple[str, ...]) -> dict[str, Any]:
     if c.has("memory_efficiency_by_mb"):
         out["memory"] = _points(c, "memory_efficiency_by_mb", MB, 1.0)
     for key, name in (("attention_forward_efficiency", "attention_forward"),
-                      ("attention_backward_efficiency", "attention_backward")):
+                      ("attention_backward_efficiency", "attention_backward"),
+                      ("flash2_forward_efficiency", "flash2_forward"),
+                      ("flash2_backward_efficiency", "flash2_backward")):
         if c.has(key):
             out[name] = _fraction(c, key)
     if c.has("attention_by_seq_tflops"):

@@ -120,12 +120,12 @@ def attention_time(flops: float, causal: bool, gpu: GPU, precision: str, cal: Ca
 
 def _attention(flops: float, causal: bool, gpu: GPU, precision: str, g: GpuCalibration,
                backward: bool, seq_len: float | None = None,
-               head_dim: float | None = None) -> float:
+               head_dim: float | None = None, kernel: str = "flash") -> float:
     if flops <= 0:
         return 0.0
     work = flops * (CAUSAL_FRACTION if causal else 1.0)
     peak = gpu.peak(attention_precision(gpu, precision))
-    eff = g.attention_efficiency(backward, seq_len, head_dim, causal)
+    eff = g.attention_efficiency(backward, seq_len, head_dim, causal, kernel)
     factor = FLASH_BWD_FACTOR if backward else 1.0
     return max(factor * work / (peak * eff), g.kernel_floor_s)
 
@@ -208,7 +208,9 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
                 *, decoder: bool = False, attention: str = "flash") -> LayerTimes:
     """One transformer block (a t5 decoder block with decoder=True) for one micro-batch.
 
-    attention "flash": one fused kernel that never stores the scores (Dao et al. 2022);
+    attention "flash": one fused kernel that never stores the scores (Dao et al. 2022), the GPU's
+    best generation of it (Hopper: FlashAttention-3, Shah et al. 2024, or cuDNN's); "flash2":
+    FlashAttention-2 (Dao 2023) itself, as PyTorch's SDPA flash backend and flash-attn 2.x run it;
     "unfused": two batched GEMMs around a stored score matrix with a fused scale-mask-softmax and
     dropout (Megatron-LM before flash attention; Korthikanti et al. 2022, Sec. 4.1); "eager": the
     same with the scale, mask and softmax as separate kernels (Megatron-LM 2019)."""
@@ -231,7 +233,7 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     else:
         flops = _block_attention_flops(dims, micro_batch, tp, cp)
         # Each kernel runs over seq/cp keys (context parallelism's ring hands it one chunk a step).
-        shape = (dims.seq_len / cp, dims.head_dim)
+        shape = (dims.seq_len / cp, dims.head_dim, attention)
         attn_f = _attention(flops, causal, gpu, precision, g, False, *shape)
         attn_b = _attention(flops, causal, gpu, precision, g, True, *shape)
         if decoder:                                     # cross-attention: never masked

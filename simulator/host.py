@@ -148,7 +148,7 @@ class HostCosts:
 
 def forward_kernels(*, decoder: bool, tensor: int, attention: str) -> int:
     """Kernels one block's forward launches (see the module docstring for the count)."""
-    core = {"flash": 1, "unfused": 4, "eager": 7}[attention]
+    core = {"flash": 1, "flash2": 1, "unfused": 4, "eager": 7}[attention]
     n = 2 + 4 + core + 1 + 2 + 2
     collectives = (3 if decoder else 2) if tensor > 1 else 0
     if decoder:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from partita.planner.activations import MEGATRON, ActivationModel
+from partita.planner.enums import FLASH_KERNELS
 from partita.planner.costmodel import model_flops_per_step
 from partita.simulator import memory, profiled, stagecosts
 from partita.simulator.chunkcost import ChunkCost
@@ -68,7 +69,7 @@ class AnalyticCosts:
         ctx = env.ctx
         return memory.pipeline_memory(ctx.dims, ctx.training, ctx.parallel, env.cal,
                                       microbatches=ctx.microbatches, inflight=inflight,
-                                      flash_attention=ctx.training.attention == "flash",
+                                      flash_attention=ctx.training.attention in FLASH_KERNELS,
                                       activation_model=self.activations)
 
     def model_flops_per_step(self, ctx: StepContext) -> float:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES
+from partita.planner.enums import ATTENTION, FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES
 from partita.planner.paths import VALIDATION_DIR
 from partita.validation.metrics import CONVENTIONS
 
@@ -58,7 +58,7 @@ _SETTING_CHECKS = {
     "sequence_parallel": ("bool", None), "overlap_grad_reduce": ("bool", None),
     "overlap_param_gather": ("bool", None), "inter_node_gbps": ("number", None),
     "tp_comm_overlap": ("bool", None),
-    "exclude": ("bool", None), "attention": ("choice", ("flash", "unfused", "eager")),
+    "exclude": ("bool", None), "attention": ("choice", ATTENTION),
     "framework": ("choice", FRAMEWORKS), "launch_blocking": ("bool", None),
 }
 

@@ -91,7 +91,7 @@ def test_round_trip_to_dict():
     ({"model__seq_len": _DELETE}, "model.seq_len: missing required key"),
     ({"training": _DELETE}, "training: missing required section"),
     ({"parallel__sequence_parallel": "yes"}, "parallel.sequence_parallel: expected true or false"),
-    ({"training__attention": "flashy"}, "training.attention: expected one of flash, unfused"),
+    ({"training__attention": "flashy"}, "training.attention: expected one of flash, flash2, unfused"),
     ({"training__framework": "jax"}, "training.framework: expected one of megatron, deepspeed, fsdp"),
     ({"parallel__grad_reduce": "herring"}, "parallel.grad_reduce: expected one of auto, ring, tree"),
     ({"parallel__tp_comm_overlap": 1}, "parallel.tp_comm_overlap: expected true or false"),
