@@ -151,7 +151,14 @@ def _print(result, check: dict[str, Any], catalog_path: Path, calibration_path: 
     if result.link is not None:
         k = result.link
         w(f"  send/recv        4 B {k.p2p_small_s * 1e6:.3g} us one way; {k.bytes_per_s / 1e9:.4g} GB/s "
-          f"for large messages\n  all-reduce       4 B {k.allreduce_small_s * 1e6:.3g} us\n")
+          f"for large messages\n  all-reduce       4 B {k.allreduce_small_s * 1e6:.3g} us; "
+          f"{k.collective_overhead_s * 1e3:.3g} ms per call beyond the ring\n")
+    if result.pipeline_action_s:
+        per = ", ".join(f"{name} {s * 1e6:.3g} us" for name, s in result.pipeline_action_s.items())
+        w(f"  pipeline action  {per}\n")
+    if result.handoff_stall:
+        stall = ", ".join(f"{s * 1e3:.2g} ms after {b * 1e3:.2g} ms" for b, s in result.handoff_stall)
+        w(f"  hand-off stall   {stall} of compute\n")
     w(f"wrote {catalog_path} (catalog: system `local`, GPU `{m.gpu_name}`)\n")
     w(f"wrote {calibration_path} (simulator calibration overlay)\n")
     _print_check(check, w)

@@ -247,3 +247,17 @@ def test_host_costs_are_measured_and_read_back_for_local(calibrated):
     assert host.optimizer_step_per_tensor_s["adam"] == pytest.approx(per_tensor["adam"], rel=1e-3)
     assert host.pipeline_action_s == pytest.approx(report["pipeline_action_s"], rel=1e-3, abs=1e-9)
     assert [b for b, _ in host.handoff_stall_s] == pytest.approx(list(HANDOFF_BUSY_S))
+
+
+@pytest.mark.slow
+def test_the_summary_names_the_host_mechanisms_it_measured(calibrated, capsys):
+    """`partita calibrate` prints the per-call collective overhead, each schedule runtime's work per
+    action and the hand-off stall by compute, beside the link it measured."""
+    from partita.commands.calibrate import _print
+    home, report = calibrated
+    _print(_calibrated_from(report), {"matmul": []}, home / "local.yaml",
+           home / "calibration-local.yaml", 1.0)
+    out = capsys.readouterr().out
+    assert "ms per call beyond the ring" in out
+    assert "pipeline action  1f1b " in out and "interleaved-1f1b " in out
+    assert "hand-off stall" in out and "after 10 ms" in out
