@@ -92,7 +92,7 @@ def measure(plan: Plan, rank: int, world: int) -> dict:
         result["allreduce"] = allreduce_times(plan.message_bytes, device, plan)
         if plan.device == "cpu":
             result["pipeline_timings"] = pipeline_timings(rank, world, 3 * plan.repeats)
-            result["handoff_stall"] = handoff_stall(rank, world, iterations=14 * plan.repeats)
+            result["handoff_stall"] = handoff_stall(rank, world, iterations=40 * plan.repeats)
     return result
 
 
