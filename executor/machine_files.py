@@ -88,6 +88,7 @@ def calibration_document(c: Calibrated) -> dict[str, Any]:
         doc["tiers"] = {"local": {"efficiency": 1.0, "step_latency_us": _r(k.step_latency_s * 1e6),
                                   "base_latency_us": _r(k.base_latency_s * 1e6),
                                   "collective_overhead_us": _r(k.collective_overhead_s * 1e6),
+                                  "collective_efficiency": _r(k.collective_efficiency),
                                   "half_bandwidth_mb": _r(k.half_bandwidth_bytes / 1e6),
                                   "source": src}}
     return doc

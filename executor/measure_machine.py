@@ -29,7 +29,9 @@ all-reduces of 1 KiB to 256 KiB of what they took beyond the ring's latency and 
 segment, 4(N-1) rounds each waiting on the process group's communication thread; a 4-byte
 all-reduce has one non-empty segment and skips the rest, so it is no measure of c (the simulator
 charges a buffer of fewer than 2N elements its share of c: simulator/network.py
-`_call_overhead`). Efficiency is 1: bw is what was achieved, not a wire rate.
+`_call_overhead`). The all-reduces of 1 MiB and more then give the ring's transfer rate against a
+send's (the median ratio, at most 1: gloo reduces each segment and copies on the CPU between its
+sends): `collective_efficiency`. Efficiency is 1: bw is what was achieved, not a wire rate.
 """
 from __future__ import annotations
 
@@ -83,6 +85,7 @@ class LinkFit:
     p2p_small_s: float
     allreduce_small_s: float
     collective_overhead_s: float = 0.0     # per collective call beyond the ring's steps
+    collective_efficiency: float = 1.0     # the ring all-reduce's transfer rate / a send's
 
 
 @dataclass(frozen=True)
@@ -291,6 +294,7 @@ def _mean(results: list[dict], key: str) -> float:
 
 
 OVERHEAD_BYTES = (KIB, 256 * KIB)    # all-reduce sizes that give the per-collective overhead
+LL_FRACTION = 0.25                   # the simulator's ring never runs below a quarter of the rate
 
 
 def fit_link(p2p: list[list[float]], allreduce: list[list[float]], world: int) -> LinkFit:
@@ -302,11 +306,19 @@ def fit_link(p2p: list[list[float]], allreduce: list[list[float]], world: int) -
     ring = base + 2 * (world - 1) * step
     excess = [t - ring - 2 * (world - 1) / world * s / bw for s, t in allreduce
               if OVERHEAD_BYTES[0] <= s <= OVERHEAD_BYTES[1]]
-    overhead = statistics.median(excess) if excess else ar_small - ring
+    overhead = max(0.0, statistics.median(excess) if excess else ar_small - ring)
+    n_half = max(0.0, (intercept - p2p_small) * bw)
+
+    def transfer(s: float) -> float:        # the ring's transfer at a send's rate (network.py)
+        ramp = s / (s + n_half) if n_half > 0 else 1.0
+        return 2 * (world - 1) / world * s / (bw * max(ramp, LL_FRACTION))
+    rates = [transfer(s) / (t - ring - overhead) for s, t in allreduce
+             if s >= MIB and t > ring + overhead]
+    efficiency = min(1.0, statistics.median(rates)) if rates and world > 1 else 1.0
     return LinkFit(bytes_per_s=bw, step_latency_s=step, base_latency_s=base,
-                   half_bandwidth_bytes=max(0.0, (intercept - p2p_small) * bw),
-                   p2p_small_s=p2p_small, allreduce_small_s=ar_small,
-                   collective_overhead_s=max(0.0, overhead) if world > 1 else 0.0)
+                   half_bandwidth_bytes=n_half, p2p_small_s=p2p_small, allreduce_small_s=ar_small,
+                   collective_overhead_s=overhead if world > 1 else 0.0,
+                   collective_efficiency=efficiency)
 
 
 def _latencies(p2p_small: float, ar_small: float, world: int) -> tuple[float, float]:

@@ -109,6 +109,7 @@ class TierCalibration:
     source: tuple[str, ...] = ()
     simple_step_latency_s: float | None = None    # bandwidth (Simple) protocol; None: as LL
     collective_overhead_s: float = 0.0    # per collective call beyond a send's latency (measured)
+    collective_efficiency: float = 1.0    # a ring collective's transfer rate / a send's (measured)
 
 
 @dataclass(frozen=True)
@@ -316,5 +317,6 @@ def _build_tier(name: str, value: dict[str, Any], origin: str) -> TierCalibratio
                            value["base_latency_s"], value["half_bandwidth_bytes"],
                            dict(value.get("nvls_efficiency", {})),
                            tuple(value.get("source", ())), value.get("simple_step_latency_s"),
-                           value.get("collective_overhead_s", 0.0))
+                           value.get("collective_overhead_s", 0.0),
+                           value.get("collective_efficiency", 1.0))
 

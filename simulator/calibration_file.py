@@ -24,7 +24,7 @@ RAMP_KEYS = ("peak_tflops", *CURVE_KEYS, "source", "notes")
 MATMUL_KEYS = ("peak_tflops", "measured_mnk_tflops", "plateau_tflops", "like_precision", "source",
                "notes")
 TIER_KEYS = ("efficiency", "step_latency_us", "simple_step_latency_us", "base_latency_us",
-             "collective_overhead_us",
+             "collective_overhead_us", "collective_efficiency",
              "half_bandwidth_mb", "nvls_efficiency_by_gpu", "source", "notes")
 TIER_SCALES = {"step_latency_us": ("step_latency_s", 1e-6),
                "simple_step_latency_us": ("simple_step_latency_s", 1e-6),
@@ -170,6 +170,8 @@ def _parse_tier(c: Checker) -> dict[str, Any]:
     out: dict[str, Any] = {}
     if c.has("efficiency"):
         out["efficiency"] = _fraction(c, "efficiency")
+    if c.has("collective_efficiency"):
+        out["collective_efficiency"] = _fraction(c, "collective_efficiency")
     if c.has("nvls_efficiency_by_gpu"):
         by_gpu = c.sub("nvls_efficiency_by_gpu")
         out["nvls_efficiency"] = {str(g): by_gpu.number(str(g), required=True) for g in by_gpu.mapping}

@@ -45,6 +45,10 @@ class Tier:
     # a worker thread (torch's ProcessGroupGloo queues it, a worker runs gloo's algorithm, the
     # caller waits on the work) pays that hand-off; measured by `partita calibrate` (0 elsewhere).
     collective_overhead_s: float = 0.0
+    # A ring collective's transfer rate against a send's on this tier: gloo reduces each received
+    # segment and copies on the CPU between its sends (gloo/allreduce.cc `ring`), which a plain send
+    # does not; measured by `partita calibrate` (1 elsewhere: NCCL's efficiency is in `efficiency`).
+    collective_efficiency: float = 1.0
 
     def step_latency(self, protocol: str) -> float:
         """Per-step latency of NCCL's `protocol` ("ll" or "simple")."""
@@ -120,7 +124,7 @@ def tier_from_calibration(t: TierCalibration, bytes_per_s: float,
     if t.simple_step_latency_s is not None and not measured:
         simple = max(t.simple_step_latency_s, latency)      # never below the wire or LL figure
     return Tier(t.kind, bytes_per_s, latency, t.efficiency, t.base_latency_s, t.half_bandwidth_bytes,
-                simple, t.collective_overhead_s)
+                simple, t.collective_overhead_s, t.collective_efficiency)
 
 
 def build_topology(system: System, cal: Calibration, *, inter_node_gbps: float | None = None,
@@ -208,7 +212,8 @@ def _ring_protocol(moved: float, nbytes: float, steps: int, inter_steps: int, gr
                    topo: Topology, protocol: str) -> float:
     if group.nodes == 1:
         return (_ring_latency(steps, 0, topo, False, protocol)
-                + topo.intra.transfer(moved, nbytes, protocol=protocol))
+                + topo.intra.transfer(moved, nbytes, protocol=protocol)
+                / topo.intra.collective_efficiency)
     t_inter = topo.inter.transfer(moved * _sharers(group, topo), nbytes, protocol=protocol)
     t_intra = (topo.intra.transfer(moved, nbytes, protocol=protocol)
                if group.ranks_per_node > 1 else 0.0)

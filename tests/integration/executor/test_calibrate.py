@@ -119,6 +119,23 @@ def test_link_fit_takes_the_collective_overhead_from_buffers_that_fill_the_ring(
     assert fit.allreduce_small_s == 300e-6
 
 
+def test_link_fit_takes_the_rings_transfer_rate_from_the_large_all_reduces():
+    """gloo's ring reduces and copies on the CPU between sends: all-reduces of 1 MiB and more that
+    move their bytes at half a send's rate give a collective efficiency of 0.5; a ring as fast as
+    the sends gives 1 (never more)."""
+    p2p = [[4, 50e-6], [MIB, 50e-6 + MIB / 2e9], [4 * MIB, 50e-6 + 4 * MIB / 2e9]]
+    ring = 2 * 50e-6
+
+    def allreduce(nbytes, rate):
+        return [nbytes, ring + 1e-3 + nbytes / (2e9 * rate)]       # 2(N-1)/N = 1 for N = 2
+    slow = [[4, 300e-6], allreduce(1024, 1.0), allreduce(65536, 1.0)] + [
+        allreduce(s, 0.5) for s in (MIB, 4 * MIB, 16 * MIB)]
+    assert fit_link(p2p, slow, world=2).collective_efficiency == pytest.approx(0.5, rel=0.02)
+    fast = slow[:3] + [allreduce(s, 2.0) for s in (MIB, 4 * MIB)]
+    assert fit_link(p2p, fast, world=2).collective_efficiency == 1.0
+    assert fit_link(p2p, [[4, 300e-6]], world=2).collective_efficiency == 1.0
+
+
 def test_threads_per_process_shares_the_cores(monkeypatch):
     monkeypatch.setattr("os.cpu_count", lambda: 16)
     assert [threads_per_process(n) for n in (1, 2, 3, 32)] == [16, 8, 5, 1]

@@ -281,6 +281,8 @@ BAD = [
     ({"gpus": {"x": {"attention_forward_efficiency": 7}}}, r"expected an efficiency"),
     ({"gpus": {"x": {"flash2_backward_efficiency": 7}}},
      r"gpus\.x\.flash2_backward_efficiency: .*expected an efficiency"),
+    ({"tiers": {"local": {"collective_efficiency": 7}}},
+     r"tiers\.local\.collective_efficiency: .*expected an efficiency"),
     ({"gpus": {"x": {"flash3_forward_efficiency": 0.5}}},
      r"gpus\.x\.flash3_forward_efficiency: unknown key; did you mean 'flash2_forward_efficiency'"),
     ({"gpus": {"x": {"matmul": {"bf17": {}}}}}, r"gpus\.x\.matmul\.bf17: unknown key"),

@@ -59,6 +59,15 @@ def test_a_collective_overhead_is_paid_per_collective_call_not_per_send():
     assert p2p(S, True, topo) == p2p(S, True, IDEAL)
 
 
+def test_a_collective_efficiency_slows_a_rings_transfer_but_not_a_send():
+    slow = replace(IDEAL_INTRA, collective_efficiency=0.5)
+    topo = Topology("t", 8, slow, IDEAL_INTER)
+    for kind in ("allreduce", "reduce_scatter", "all_gather"):
+        assert collective(kind, "ring", S, Group(4, 4), topo) == pytest.approx(
+            2 * collective(kind, "ring", S, Group(4, 4), IDEAL))
+    assert p2p(S, True, topo) == p2p(S, True, IDEAL)
+
+
 def test_a_buffer_that_leaves_gloos_ring_segments_empty_pays_their_share_of_the_overhead():
     """gloo's ring cuts a buffer into at least 2N segments and runs a round per non-empty one
     (gloo/allreduce.cc `ring`): a one-element all-reduce over 2 ranks fills 1 of 4 segments and
