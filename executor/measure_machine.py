@@ -294,7 +294,6 @@ def _mean(results: list[dict], key: str) -> float:
 
 
 OVERHEAD_BYTES = (KIB, 256 * KIB)    # all-reduce sizes that give the per-collective overhead
-LL_FRACTION = 0.25                   # the simulator's ring never runs below a quarter of the rate
 
 
 def fit_link(p2p: list[list[float]], allreduce: list[list[float]], world: int) -> LinkFit:
@@ -309,9 +308,11 @@ def fit_link(p2p: list[list[float]], allreduce: list[list[float]], world: int) -
     overhead = max(0.0, statistics.median(excess) if excess else ar_small - ring)
     n_half = max(0.0, (intercept - p2p_small) * bw)
 
+    from partita.simulator.network import LL_BANDWIDTH_FRACTION
+
     def transfer(s: float) -> float:        # the ring's transfer at a send's rate (network.py)
         ramp = s / (s + n_half) if n_half > 0 else 1.0
-        return 2 * (world - 1) / world * s / (bw * max(ramp, LL_FRACTION))
+        return 2 * (world - 1) / world * s / (bw * max(ramp, LL_BANDWIDTH_FRACTION))
     rates = [transfer(s) / (t - ring - overhead) for s, t in allreduce
              if s >= MIB and t > ring + overhead]
     efficiency = min(1.0, statistics.median(rates)) if rates and world > 1 else 1.0

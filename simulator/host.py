@@ -17,14 +17,15 @@ which torch picks for CPU tensors); the multi-tensor and fused optimizers of GPU
 few kernels for all tensors together and none is charged. A pipeline schedule's own work per
 action (posting and waiting on sends and receives, bookkeeping: `pipeline_action_s`, found by
 `partita calibrate` for each runtime of the executor's torch.distributed.pipelining schedules,
-executor/pipeline_fit.py) adds to each stage's forward and backward. On a machine whose cores are all busy computing (`partita calibrate`
-on a CPU with as many processes as cores), each action's exchange also waits for the receiving
-process's communication thread to get a core (gloo moves bytes on a thread of its own): until the
-scheduler preempts the compute, up to a scheduler tick (4 ms at CONFIG_HZ=250). The wait grows
-with the compute the thread competes with; `handoff_stall_s` holds it as measured by compute
-(executor.hostbench `handoff_stall`) and an action of a schedule that exchanges as that benchmark
-does (FUSED_EXCHANGE) pays it at its own compute time; for torch's multi-stage runtime the
-stall of its separate waits is not told apart from its measured work per action (README, `local`).
+executor/pipeline_fit.py) adds to each stage's forward and backward. On a machine whose cores are
+all busy computing (`partita calibrate` on a CPU with as many processes as cores), each action's
+exchange also waits for the receiving process's communication thread to get a core (gloo moves
+bytes on a thread of its own): until the scheduler preempts the compute, up to a scheduler tick
+(4 ms at CONFIG_HZ=250). The wait grows with the compute the thread competes with;
+`handoff_stall_s` holds it as measured by compute (executor.hostbench `handoff_stall`) and an
+action of a schedule that exchanges as that benchmark does (FUSED_EXCHANGE) pays it at its own
+compute time; for torch's multi-stage runtime the stall of its separate waits is not told apart
+from its measured work per action (README, `local`).
 
 Kernels per block forward (`forward_kernels`), counted from Megatron-LM's GPT block
 (megatron/core/transformer/transformer_layer.py with its fused kernels): two layer norms, four GEMMs
