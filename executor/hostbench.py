@@ -145,14 +145,20 @@ def pipeline_timings(rank: int, world: int, repeats: int = 7) -> dict[str, dict]
     Collective over the default group (every rank must call it); {} on one process."""
     if world < 2:
         return {}
-    pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]
-    mine = rank // 2 if rank // 2 < len(pairs) else None
+    group = _my_pair(rank, world)
     out = {}
     for name, per_rank in PIPELINE_RUNTIMES.items():
-        if mine is not None:
-            out[name] = _pair_timings(pairs[mine], rank % 2, name, per_rank, repeats)
+        if group is not None:
+            out[name] = _pair_timings(group, rank % 2, name, per_rank, repeats)
         dist.barrier()
     return out
+
+
+def _my_pair(rank: int, world: int):
+    """This rank's two-rank process group (0-1, 2-3, ...), None for an odd last rank. Collective
+    over the default group: every rank creates every pair's group."""
+    pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]
+    return pairs[rank // 2] if rank // 2 < len(pairs) else None
 
 
 def _pair_timings(group, pair_rank: int, name: str, per_rank: int, repeats: int) -> dict:
@@ -199,17 +205,16 @@ def handoff_stall(rank: int, world: int, iterations: int = 100) -> list[list[flo
     docstring). Wall time; collective over the default group; [] on one process."""
     if world < 2:
         return []
-    pairs = [dist.new_group([2 * i, 2 * i + 1]) for i in range(world // 2)]
-    mine = rank // 2 if rank // 2 < len(pairs) else None
+    group = _my_pair(rank, world)
     out = []
-    if mine is not None:
+    if group is not None:
         peer = rank + 1 if rank % 2 == 0 else rank - 1
-        idle = _exchange_s(pairs[mine], peer, 0.0, iterations)
+        idle = _exchange_s(group, peer, 0.0, iterations)
         for busy in HANDOFF_BUSY_S:
             n = min(iterations, max(10, round(iterations * 2e-3 / busy)))   # ~0.2 s at most each
-            out.append([busy, max(0.0, _exchange_s(pairs[mine], peer, busy, n) - idle)])
+            out.append([busy, max(0.0, _exchange_s(group, peer, busy, n) - idle)])
     dist.barrier()
-    return out if mine is not None else [[busy, 0.0] for busy in HANDOFF_BUSY_S]
+    return out if group is not None else [[busy, 0.0] for busy in HANDOFF_BUSY_S]
 
 
 def _exchange_s(group, peer: int, busy_s: float, iterations: int) -> float:
