@@ -23,7 +23,7 @@ DIM_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_
 MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
-                 "framework", "launch_blocking")
+                 "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap")
@@ -70,6 +70,11 @@ class TrainingSpec:
                                     # | eager (stored scores, scale/mask/softmax/dropout unfused)
     framework: str = "megatron"     # megatron (Megatron-LM/-Core, NeMo) | deepspeed | fsdp (torch FSDP)
     launch_blocking: bool = False   # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the kernel
+    fused_elementwise: bool = True  # bias-GeLU and bias-dropout-add as one kernel each (Megatron's
+                                    # fusions); false: separate kernels (--no-bias-gelu-fusion
+                                    # --no-bias-dropout-fusion, Megatron-LM 2019, eager HF models)
+    attention_softmax_fp32: bool = False  # eager attention's scale, mask and softmax in fp32
+                                    # (Megatron --attention-softmax-in-fp32; HF eager attention)
 
 
 @dataclass(frozen=True)
@@ -136,6 +141,10 @@ class Scenario:
             out["training"]["framework"] = t.framework
         if t.launch_blocking:
             out["training"]["launch_blocking"] = True
+        if not t.fused_elementwise:
+            out["training"]["fused_elementwise"] = False
+        if t.attention_softmax_fp32:
+            out["training"]["attention_softmax_fp32"] = True
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -279,7 +288,20 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         optimizer=c.choice("optimizer", OPTIMIZERS, "adam"),
                         attention=c.choice("attention", ATTENTION, "flash"),
                         framework=c.choice("framework", FRAMEWORKS, "megatron"),
-                        launch_blocking=c.bool("launch_blocking", False))
+                        launch_blocking=c.bool("launch_blocking", False),
+                        fused_elementwise=c.bool("fused_elementwise", True),
+                        attention_softmax_fp32=_softmax_fp32(c))
+
+
+def _softmax_fp32(c: Checker) -> bool:
+    """training.attention_softmax_fp32: only where the softmax is a kernel of its own or Megatron's
+    fused one (attention eager or unfused); a flash kernel computes it inside."""
+    value = c.bool("attention_softmax_fp32", False)
+    attention = c.mapping.get("attention", "flash")
+    if value and attention not in ("eager", "unfused"):
+        raise c.error(f"only with attention eager or unfused (attention is {attention}: the flash "
+                      f"kernel computes the softmax inside), got true", "attention_softmax_fp32")
+    return value
 
 
 def _parse_parallel(c: Checker) -> ParallelSpec:

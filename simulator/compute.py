@@ -141,8 +141,18 @@ def block_gemms(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 
 
 
 def _block_elementwise_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: bool,
-                             precision: str, decoder: bool) -> float:
-    """Forward bytes read plus written by the block's memory-bound kernels (dropout-free)."""
+                             precision: str, decoder: bool, fused: bool = True) -> float:
+    """Forward bytes read plus written by the block's memory-bound kernels.
+
+    `fused` (Megatron-LM's fusions, Narayanan et al. 2021, Sec. 4.2): the MLP's bias and activation
+    are one kernel (bias-GeLU, or the SwiGLU) and each residual sublayer's bias, dropout and add one
+    (bias-dropout-add: read two, write one; its 1-byte dropout mask is left out). Unfused (Megatron's
+    --no-bias-gelu-fusion --no-bias-dropout-fusion, Megatron-LM 2019, a Hugging Face model run
+    eagerly): the bias add on the MLP's hidden activation is a kernel of its own (read and write),
+    and each residual sublayer runs a bias add (read, write), dropout (read, write, 1-byte mask)
+    and the add (read two, write one): 4e + 1 bytes more per element than the fused kernel. A
+    llama block has no biases and no dropout: unfused, its SwiGLU's SiLU and multiply are two
+    kernels (read gate, write; read two, write one) and its residual adds are as fused."""
     e = element_bytes(precision)
     tokens = micro_batch * dims.seq_len / cp
     norm_tokens = tokens / tp if sp else tokens      # without SP every TP rank repeats them
@@ -156,7 +166,13 @@ def _block_elementwise_bytes(dims: TransformerDims, micro_batch: int, tp: int, c
     if dims.arch == "llama":
         q_heads, kv_heads = inventory.heads_per_rank(dims, tp)
         rope = 2 * tokens * (q_heads + kv_heads) * dims.head_dim
-    return e * (norms + residuals + act + rope)
+    unfused = 0.0
+    if not fused and dims.arch == "llama":
+        unfused = e * 2 * tokens * ffn_local
+    elif not fused:
+        unfused = e * (2 * tokens * ffn_local + sublayers * 4 * norm_tokens * h) \
+            + sublayers * norm_tokens * h
+    return e * (norms + residuals + act + rope) + unfused
 
 
 def _self_attention_core(dims: TransformerDims, micro_batch: int, tp: int,
@@ -174,7 +190,8 @@ def _block_attention_flops(dims: TransformerDims, micro_batch: int, tp: int,
 
 
 def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int, precision: str,
-                       gpu: GPU, g: GpuCalibration, eager: bool = False) -> tuple[float, float]:
+                       gpu: GPU, g: GpuCalibration, eager: bool = False,
+                       softmax_fp32: bool = False) -> tuple[float, float]:
     """Forward and backward seconds of attention with a stored score matrix (no causal skip).
 
     QK^T and PV run as batched GEMMs (stacked here: same FLOPs, one launch); the scores
@@ -186,6 +203,12 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
     torch.mul(scores, ltor_mask) - 10000.0 * (1.0 - ltor_mask); Softmax; dropout): forward
     2e + 2e + 2e + 2e + (2e + 1) bytes per score, backward dropout (2e + 1), softmax (3e), the
     mask's multiply (2e) and the scale (2e); the subtraction of a constant passes its gradient.
+    `softmax_fp32` (eager only; Megatron-LM's --attention-softmax-in-fp32, which
+    --apply-query-key-layer-scaling turned on, and Hugging Face's eager attention,
+    softmax(..., dtype=torch.float32)): the scores are cast to fp32 (read e, write 4), scaled,
+    masked and soft-maxed in fp32 (4 bytes in place of e) and cast back (read 4, write e) before
+    dropout; the backward runs the casts' gradients too. Megatron's fused kernel (not eager) reads
+    and writes 16-bit scores whatever the flag says.
     """
     qk, pv = _self_attention_core(dims, micro_batch, tp, cp)
     e = element_bytes(precision)
@@ -193,8 +216,12 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
     fwd = _gemm(*qk[1:], gpu, precision, g) + _gemm(*pv[1:], gpu, precision, g)
     bwd = 2 * _gemm(*qk[1:], gpu, precision, g) + 2 * _gemm(*pv[1:], gpu, precision, g)
     if eager:
-        fwd += sum(_elementwise(scores * b, gpu, g) for b in (2 * e, 2 * e, 2 * e, 2 * e, 2 * e + 1))
-        bwd += sum(_elementwise(scores * b, gpu, g) for b in (2 * e + 1, 3 * e, 2 * e, 2 * e))
+        f = 4 if softmax_fp32 else e                  # element bytes of the scale-mask-softmax chain
+        casts = (e + 4, 4 + e) if softmax_fp32 and e != 4 else ()
+        fwd += sum(_elementwise(scores * b, gpu, g)
+                   for b in (2 * f, 2 * f, 2 * f, 2 * f, 2 * e + 1) + casts)
+        bwd += sum(_elementwise(scores * b, gpu, g)
+                   for b in (2 * e + 1, 3 * f, 2 * f, 2 * f) + casts)
     else:
         fwd += _elementwise(scores * (2 * e + 2 * e + 1), gpu, g)
         bwd += _elementwise(scores * (3 * e + 1 + 3 * e), gpu, g)
@@ -205,7 +232,8 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
 
 def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
                 precision: str, recompute: str, gpu: GPU, cal: Calibration,
-                *, decoder: bool = False, attention: str = "flash") -> LayerTimes:
+                *, decoder: bool = False, attention: str = "flash",
+                fused_elementwise: bool = True, softmax_fp32: bool = False) -> LayerTimes:
     """One transformer block (a t5 decoder block with decoder=True) for one micro-batch.
 
     attention "flash": one fused kernel that never stores the scores (Dao et al. 2022), the GPU's
@@ -213,7 +241,10 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     FlashAttention-2 (Dao 2023) itself, as PyTorch's SDPA flash backend and flash-attn 2.x run it;
     "unfused": two batched GEMMs around a stored score matrix with a fused scale-mask-softmax and
     dropout (Megatron-LM before flash attention; Korthikanti et al. 2022, Sec. 4.1); "eager": the
-    same with the scale, mask and softmax as separate kernels (Megatron-LM 2019)."""
+    same with the scale, mask and softmax as separate kernels (Megatron-LM 2019).
+    `fused_elementwise`: bias-GeLU and bias-dropout-add as single kernels (see
+    `_block_elementwise_bytes`); `softmax_fp32`: eager attention's softmax in fp32 (see
+    `_unfused_attention`)."""
     if recompute not in RECOMPUTE:
         raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
                            f"got {recompute!r}")
@@ -226,9 +257,11 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     causal = dims.arch in ("gpt", "llama") or decoder
     if attention in ("unfused", "eager"):
         eager = attention == "eager"
-        attn_f, attn_b = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager)
+        attn_f, attn_b = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager,
+                                            softmax_fp32)
         if decoder:
-            f2, b2 = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager)
+            f2, b2 = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager,
+                                        softmax_fp32)
             attn_f, attn_b = attn_f + f2, attn_b + b2
     else:
         flops = _block_attention_flops(dims, micro_batch, tp, cp)
@@ -239,7 +272,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
         if decoder:                                     # cross-attention: never masked
             attn_f += _attention(flops, False, gpu, precision, g, False, *shape)
             attn_b += _attention(flops, False, gpu, precision, g, True, *shape)
-    ew_bytes = _block_elementwise_bytes(dims, micro_batch, tp, cp, sp, precision, decoder)
+    ew_bytes = _block_elementwise_bytes(dims, micro_batch, tp, cp, sp, precision, decoder,
+                                        fused_elementwise)
     ew_f = _elementwise(ew_bytes, gpu, g)
     ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes, gpu, g)
     fwd = gemm_f + attn_f + ew_f

@@ -74,7 +74,8 @@ def block_cost(env: StepEnv, *, decoder: bool) -> BlockCost:
     gpu = ctx.system.gpu
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                                  t.precision, t.recompute, gpu, cal, decoder=decoder,
-                                 attention=t.attention)
+                                 attention=t.attention, fused_elementwise=t.fused_elementwise,
+                                 softmax_fp32=t.attention_softmax_fp32)
     lt = sustained(lt, oh, gpu, t.precision, oh.block_overhead(t.framework), t.framework)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
@@ -124,7 +125,8 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
     """A block pass's host time (dispatch and launch per kernel, `simulator.host`) where it is
     exposed: beyond the device time, or all of it when launches block."""
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
-    kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention)
+    kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
+                         fused_elementwise=t.fused_elementwise)
     recomputed = kf if t.recompute == "full" else 0          # a forward again, recording autograd
     hf = host.exposed(fwd, kf, t.launch_blocking)
     hb = host.exposed(bwd, recomputed, t.launch_blocking,

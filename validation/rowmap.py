@@ -135,6 +135,10 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
     training["framework"] = cells.framework(row, rules, notes)
     if rules.value(row, "launch_blocking", notes):
         training["launch_blocking"] = True
+    if rules.value(row, "fused_elementwise", notes) is False:
+        training["fused_elementwise"] = False
+    if rules.value(row, "attention_softmax_fp32", notes):
+        training["attention_softmax_fp32"] = True
     attention = rules.value(row, "attention", notes)
     if attention is not None:
         training["attention"] = attention

@@ -60,6 +60,7 @@ _SETTING_CHECKS = {
     "tp_comm_overlap": ("bool", None),
     "exclude": ("bool", None), "attention": ("choice", ATTENTION),
     "framework": ("choice", FRAMEWORKS), "launch_blocking": ("bool", None),
+    "fused_elementwise": ("bool", None), "attention_softmax_fp32": ("bool", None),
 }
 
 

@@ -65,6 +65,12 @@ def test_round_trip_to_dict():
     assert s.training.framework == "deepspeed"
     assert parse_scenario(s.to_dict()) == s
     assert parse_scenario(doc()).training.framework == "megatron"
+    s = parse_scenario(doc(training__attention="eager", training__fused_elementwise=False,
+                           training__attention_softmax_fp32=True))
+    assert not s.training.fused_elementwise and s.training.attention_softmax_fp32
+    assert parse_scenario(s.to_dict()) == s
+    plain = parse_scenario(doc()).to_dict()["training"]
+    assert "fused_elementwise" not in plain and "attention_softmax_fp32" not in plain
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -93,6 +99,9 @@ def test_round_trip_to_dict():
     ({"parallel__sequence_parallel": "yes"}, "parallel.sequence_parallel: expected true or false"),
     ({"training__attention": "flashy"}, "training.attention: expected one of flash, flash2, unfused"),
     ({"training__framework": "jax"}, "training.framework: expected one of megatron, deepspeed, fsdp"),
+    ({"training__fused_elementwise": "no"}, "training.fused_elementwise: expected true or false"),
+    ({"training__attention_softmax_fp32": True},
+     "training.attention_softmax_fp32: only with attention eager or unfused (attention is flash"),
     ({"parallel__grad_reduce": "herring"}, "parallel.grad_reduce: expected one of auto, ring, tree"),
     ({"parallel__tp_comm_overlap": 1}, "parallel.tp_comm_overlap: expected true or false"),
     ({"parallel__overlap_param_gather": "no"}, "parallel.overlap_param_gather: expected true or false"),

@@ -326,3 +326,43 @@ def test_eager_attention_moves_each_score_through_every_unfused_kernel(flat):
     hbm = gpu.memory_bandwidth_bytes_per_s
     assert eager.fwd_s - fused.fwd_s == pytest.approx(scores * (21 - 9) / hbm, rel=1e-9)
     assert eager.bwd_s - fused.bwd_s == pytest.approx(scores * (19 - 13) / hbm, rel=1e-9)
+
+
+def test_eager_softmax_in_fp32_casts_and_doubles_the_chain(flat):
+    """Megatron's torch softmax fallback with --attention-softmax-in-fp32 (and Hugging Face's eager
+    attention): cast up (e + 4), scale, mask and softmax on 4-byte scores, cast down (4 + e), then
+    the 16-bit dropout. Forward 4*8 + 6 + 6 + (2e + 1) = 49 bytes per score at e = 2 (21 without),
+    backward (2e + 1) + 12 + 8 + 8 + 6 + 6 = 45 (19 without). In fp32 training there is no cast."""
+    gpu = make_gpu()
+    dims = preset_dims("gpt2-medium")
+    plain = layer_times(dims, 2, 1, False, 1, "bf16", "none", gpu, flat, attention="eager")
+    fp32 = layer_times(dims, 2, 1, False, 1, "bf16", "none", gpu, flat, attention="eager",
+                       softmax_fp32=True)
+    scores = 2 * dims.heads * dims.seq_len ** 2
+    hbm = gpu.memory_bandwidth_bytes_per_s
+    assert fp32.fwd_s - plain.fwd_s == pytest.approx(scores * (49 - 21) / hbm, rel=1e-9)
+    assert fp32.bwd_s - plain.bwd_s == pytest.approx(scores * (45 - 19) / hbm, rel=1e-9)
+    full = layer_times(dims, 2, 1, False, 1, "fp32", "none", gpu, flat, attention="eager")
+    full_flag = layer_times(dims, 2, 1, False, 1, "fp32", "none", gpu, flat, attention="eager",
+                            softmax_fp32=True)
+    assert full_flag.fwd_s == full.fwd_s and full_flag.bwd_s == full.bwd_s
+
+
+@pytest.mark.parametrize("dims, extra_per_token", [
+    # GPT: bias add on the 4h MLP activation (2e * 4h) and, per residual sublayer, bias add and
+    # dropout apart from the add: 4e + 1 bytes per element of h (two sublayers).
+    (GPT, 2 * 2 * 4 * 1024 + 2 * (4 * 2 + 1) * 1024),
+    # llama: no biases, no dropout: only SwiGLU's SiLU apart from its multiply (2e * ffn).
+    (LLAMA, 2 * 2 * 2816),
+])
+def test_unfused_elementwise_moves_the_bytes_of_the_separate_kernels(flat, dims, extra_per_token):
+    gpu = make_gpu()
+    fused = layer_times(dims, 2, 1, False, 1, "bf16", "none", gpu, flat)
+    unfused = layer_times(dims, 2, 1, False, 1, "bf16", "none", gpu, flat,
+                          fused_elementwise=False)
+    tokens = 2 * dims.seq_len
+    hbm = gpu.memory_bandwidth_bytes_per_s
+    extra = tokens * extra_per_token / hbm
+    assert unfused.parts["elementwise_fwd"] - fused.parts["elementwise_fwd"] == pytest.approx(extra)
+    assert unfused.parts["elementwise_bwd"] - fused.parts["elementwise_bwd"] == pytest.approx(2 * extra)
+    assert unfused.parts["gemm_fwd"] == fused.parts["gemm_fwd"]

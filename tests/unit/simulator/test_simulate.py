@@ -417,6 +417,24 @@ def test_launch_blocking_adds_host_time_to_every_kernel():
     assert blocking.backward_s - free.backward_s == pytest.approx(8 * 2 * kf * 10e-6, rel=1e-9)
 
 
+def test_unfused_elementwise_launches_its_separate_kernels():
+    """Without the fusions the MLP's bias add and, per residual sublayer, bias add and dropout
+    run apart from the kernel the fused block runs: one more for the MLP, two per sublayer."""
+    from partita.simulator.host import HostCosts, forward_kernels
+    fused = forward_kernels(decoder=False, tensor=1, attention="eager")
+    assert forward_kernels(decoder=False, tensor=1, attention="eager",
+                           fused_elementwise=False) == fused + 1 + 2 * 2
+    assert forward_kernels(decoder=True, tensor=1, attention="eager", fused_elementwise=False) \
+        == forward_kernels(decoder=True, tensor=1, attention="eager") + 1 + 2 * 3
+    host = HostCosts(op_dispatch_s=3e-6, launch_s=2e-6, launch_blocking_wait_s=5e-6)
+    doc = small(tensor=1, pipeline=1, data=16)
+    doc["training"].update(launch_blocking=True, attention="eager")
+    with_fusion = _chunks(doc, host)[0]
+    doc["training"]["fused_elementwise"] = False
+    without = _chunks(doc, host)[0]
+    assert without.forward_s - with_fusion.forward_s > 8 * 5 * 10e-6    # 5 launches per block more
+
+
 def test_backward_kernels_cost_their_own_host_time_and_recompute_the_forwards():
     from partita.simulator.host import HostCosts, forward_kernels
     same = HostCosts(op_dispatch_s=3e-6, launch_s=2e-6, launch_blocking_wait_s=5e-6)
