@@ -76,6 +76,7 @@ class ActivationSettings:
     sequence_parallel: bool = False
     recompute: str = "none"
     flash_attention: bool = True
+    softmax_fp32: bool = False      # stored-score attention keeps its softmax output in fp32
 
 
 class ActivationModel(Protocol):
@@ -165,9 +166,11 @@ def _has_dropout(dims: TransformerDims) -> bool:
 
 def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int = 1, sp: bool = False,
                            cp: int = 1, precision: str = "bf16", recompute: str = "none",
-                           flash_attention: bool = True, decoder: bool = False) -> float:
+                           flash_attention: bool = True, decoder: bool = False,
+                           softmax_fp32: bool = False) -> float:
     """Bytes one Megatron-LM block keeps for its backward, one micro-batch (Korthikanti et al.
-    2022, Sec. 4.1, Table 2)."""
+    2022, Sec. 4.1, Table 2). `softmax_fp32`: eager attention soft-maxes in fp32 and autograd keeps
+    that output for the softmax's backward, 4 bytes per score in place of the 16-bit 2."""
     e = element_bytes(precision)
     sb = dims.seq_len / cp * micro_batch
     h = dims.hidden
@@ -186,7 +189,7 @@ def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int =
     if flash_attention:
         sharded += attn_blocks * 4 * q_heads                   # fp32 logsumexp per query and head
     elif recompute == "none":                                  # scores, softmax, dropout (5as/h)
-        score_bytes = 5 if _has_dropout(dims) else 2
+        score_bytes = (5 if _has_dropout(dims) else 2) + (4 - e if softmax_fp32 else 0)
         sharded += attn_blocks * score_bytes * q_heads * dims.seq_len
     return sb * (replicated / (tp if sp else 1) + sharded)
 
@@ -208,7 +211,8 @@ class MegatronActivations:
         return block_activation_bytes(dims, s.micro_batch, tp=s.tensor, sp=s.sequence_parallel,
                                       cp=s.context, precision=s.precision, recompute=s.recompute,
                                       flash_attention=s.flash_attention,
-                                      decoder=layer.kind == "decoder")
+                                      decoder=layer.kind == "decoder",
+                                      softmax_fp32=s.softmax_fp32)
 
 
 MODULES = ModuleActivations()

@@ -184,6 +184,7 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
                  sp: bool = False, zero: int = 0, pipeline: int = 1, blocks: int | None = None,
                  decoder_blocks: int = 0, first: bool = True, last: bool = True,
                  inflight: float = 1.0, flash_attention: bool = True,
+                 softmax_fp32: bool = False,
                  framework: str = "megatron",
                  activation_model: ActivationModel = MEGATRON) -> MemoryEstimate:
     """Memory of one GPU holding `blocks` encoder/decoder-only blocks and `decoder_blocks` t5
@@ -196,7 +197,8 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
                              last=last, pipelined=pipeline > 1)
     w, g, o = bytes_per_parameter(precision, optimizer, zero, shard, framework)
     s = ActivationSettings(micro_batch=micro_batch, precision=precision, tensor=tp, context=cp,
-                           sequence_parallel=sp, recompute=recompute, flash_attention=flash_attention)
+                           sequence_parallel=sp, recompute=recompute, flash_attention=flash_attention,
+                           softmax_fp32=softmax_fp32)
     held = [(blocks, inventory.block(dims, kind=inventory.block_kind(dims)))]
     if decoder_blocks:
         held.append((decoder_blocks, inventory.block(dims, kind="decoder")))
@@ -275,5 +277,6 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
             sp=parallel.sequence_parallel, zero=parallel.zero, pipeline=p, blocks=enc,
             decoder_blocks=dec, first=(rank == 0), last=(rank == p - 1), inflight=held,
             flash_attention=flash_attention, framework=training.framework,
+            softmax_fp32=training.attention_softmax_fp32 and training.attention == "eager",
             activation_model=activation_model))
     return tuple(out)

@@ -125,6 +125,27 @@ def test_flash_attention_never_stores_scores():
     assert flash_sel - plain_sel == pytest.approx(4 * GPT.heads * GPT.seq_len)   # logsumexp only
 
 
+def test_eager_fp32_softmax_keeps_its_output_at_four_bytes():
+    """Korthikanti's 5 bytes per score (16-bit softmax output 2, dropout mask 1, dropout output 2)
+    become 7 when eager attention soft-maxes in fp32; in fp32 training nothing changes."""
+    s, h, a = GPT.seq_len, GPT.hidden, GPT.heads
+    kw = dict(recompute="none", flash_attention=False)
+    plain = block_activation_bytes(GPT, 1, precision="bf16", **kw)
+    fp32_softmax = block_activation_bytes(GPT, 1, precision="bf16", softmax_fp32=True, **kw)
+    assert fp32_softmax - plain == pytest.approx(s * h * 2 * a * s / h)
+    assert block_activation_bytes(GPT, 1, precision="fp32", softmax_fp32=True, **kw) == \
+        block_activation_bytes(GPT, 1, precision="fp32", **kw)
+    cal = load_calibration()
+    training = TrainingSpec(global_batch=8, micro_batch=1, precision="bf16", attention="eager",
+                            attention_softmax_fp32=True)
+    parallel = ParallelSpec(tensor=1, pipeline=1, data=8)
+    eager = pipeline_memory(GPT, training, parallel, cal, flash_attention=False)[0]
+    plain_training = TrainingSpec(global_batch=8, micro_batch=1, precision="bf16", attention="eager")
+    base = pipeline_memory(GPT, plain_training, parallel, cal, flash_attention=False)[0]
+    assert eager.activations - base.activations == pytest.approx(
+        GPT.layers * s * 2 * a * s)
+
+
 def test_fp32_doubles_the_two_byte_terms():
     sbh = GPT.seq_len * GPT.hidden
     kw = dict(recompute="selective", flash_attention=False)
