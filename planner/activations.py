@@ -77,6 +77,7 @@ class ActivationSettings:
     recompute: str = "none"
     flash_attention: bool = True
     softmax_fp32: bool = False      # stored-score attention keeps its softmax output in fp32
+    fused_loss: bool = False        # a fused cross-entropy keeps the logits at their own precision
 
 
 class ActivationModel(Protocol):
@@ -206,8 +207,9 @@ class MegatronActivations:
         if layer.kind == "embedding":       # int64 token ids and the embedding dropout mask
             return INDEX * tokens + (tokens * dims.hidden / split if _has_dropout(dims) else 0.0)
         if layer.kind == "head":            # final-norm and head inputs, fp32 logits in the loss
-            e = element_bytes(s.precision)
-            return 2 * e * tokens * dims.hidden / split + FP32 * tokens * dims.vocab / s.tensor
+            e = element_bytes(s.precision)  # (a fused loss keeps them as they are, for its backward)
+            logit = e if s.fused_loss else FP32
+            return 2 * e * tokens * dims.hidden / split + logit * tokens * dims.vocab / s.tensor
         return block_activation_bytes(dims, s.micro_batch, tp=s.tensor, sp=s.sequence_parallel,
                                       cp=s.context, precision=s.precision, recompute=s.recompute,
                                       flash_attention=s.flash_attention,

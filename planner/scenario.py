@@ -23,7 +23,8 @@ DIM_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_
 MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
-                 "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32")
+                 "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32",
+                 "fused_cross_entropy")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap")
@@ -66,7 +67,8 @@ class TrainingSpec:
     recompute: str = "none"
     optimizer: str = "adam"
     attention: str = "flash"        # flash (fused, scores never stored; the GPU's best generation)
-                                    # | flash2 (FlashAttention-2 itself) | unfused (stored scores)
+                                    # | flash2 (FlashAttention-2 itself) | flash1 (FlashAttention
+                                    # v1, flash-attn 1.x) | unfused (stored scores)
                                     # | eager (stored scores, scale/mask/softmax/dropout unfused)
     framework: str = "megatron"     # megatron (Megatron-LM/-Core, NeMo) | deepspeed | fsdp (torch FSDP)
     launch_blocking: bool = False   # CUDA_LAUNCH_BLOCKING=1: every kernel launch waits for the kernel
@@ -75,6 +77,9 @@ class TrainingSpec:
                                     # --no-bias-dropout-fusion, Megatron-LM 2019, eager HF models)
     attention_softmax_fp32: bool = False  # eager attention's scale, mask and softmax in fp32
                                     # (Megatron --attention-softmax-in-fp32; HF eager attention)
+    fused_cross_entropy: bool = False  # the loss as one fused kernel each way (flash-attn's
+                                    # cross-entropy, apex xentropy, Megatron-Core
+                                    # --cross-entropy-loss-fusion); false: the fp32 chain
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,8 @@ class Scenario:
             out["training"]["fused_elementwise"] = False
         if t.attention_softmax_fp32:
             out["training"]["attention_softmax_fp32"] = True
+        if t.fused_cross_entropy:
+            out["training"]["fused_cross_entropy"] = True
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -290,7 +297,8 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         framework=c.choice("framework", FRAMEWORKS, "megatron"),
                         launch_blocking=c.bool("launch_blocking", False),
                         fused_elementwise=c.bool("fused_elementwise", True),
-                        attention_softmax_fp32=_softmax_fp32(c))
+                        attention_softmax_fp32=_softmax_fp32(c),
+                        fused_cross_entropy=c.bool("fused_cross_entropy", False))
 
 
 def _softmax_fp32(c: Checker) -> bool:

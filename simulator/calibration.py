@@ -40,13 +40,14 @@ from typing import Any
 
 from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import CALIBRATION_DIR
-from partita.simulator.attentionramp import AttentionRamp
+from partita.simulator.attentionramp import HEAD_DIMS, AttentionRamp
 from partita.simulator.calibration_file import (PRECISION_KEYS, TIER_REQUIRED, TIER_SCALES,
                                                 parse_file)
 from partita.simulator.curve import Curve
 from partita.simulator.host import HostCosts
 
 MEMORY_FILES = (CALIBRATION_DIR / "memory.yaml", CALIBRATION_DIR / "fitted_memory.yaml")
+LONG_SEQUENCE = 16384       # tokens: the longest point of the flash benchmarks, a kernel's best
 
 
 @dataclass(frozen=True)
@@ -68,17 +69,29 @@ class GpuCalibration:
     # generation (Hopper: FlashAttention-3, cuDNN); None: FlashAttention-2 is its flash kernel.
     flash2_forward: float | None = None
     flash2_backward: float | None = None
+    # FlashAttention (v1) relative to FlashAttention-2's best, by sequence length, head dimension
+    # and mask (measured on A100, where both ran in one benchmark; another GPU runs v1 at that
+    # fraction of its own FlashAttention-2's best).
+    flash1_ramp: AttentionRamp | None = None
 
     def attention_efficiency(self, backward: bool, seq_len: float | None = None,
                              head_dim: float | None = None, causal: bool = True,
                              kernel: str = "flash") -> float:
         """Flash attention's fraction of the matmul peak: the long-sequence efficiency of `kernel`
         ("flash": the GPU's best flash kernel; "flash2": FlashAttention-2) times the ramp at this
-        sequence length and head dimension (when both are given)."""
+        sequence length and head dimension (when both are given); "flash1", FlashAttention (v1):
+        FlashAttention-2's long-sequence efficiency times v1's rate relative to v2's best."""
         eff = self.attention_backward if backward else self.attention_forward
-        if kernel == "flash2":
+        if kernel in ("flash2", "flash1"):
             own = self.flash2_backward if backward else self.flash2_forward
             eff = eff if own is None else own
+        if kernel == "flash1":
+            if self.flash1_ramp is None:
+                raise PartitaError(f"training.attention: flash1 has no FlashAttention (v1) rates in "
+                                   f"the calibration of {self.name} (flash1_by_seq_tflops)")
+            if seq_len is None or head_dim is None:
+                seq_len, head_dim = LONG_SEQUENCE, HEAD_DIMS[-1]
+            return eff * self.flash1_ramp(seq_len, head_dim, causal)
         if self.attention_ramp is None or seq_len is None or head_dim is None:
             return eff
         return eff * self.attention_ramp(seq_len, head_dim, causal)
@@ -152,7 +165,7 @@ class Calibration:
         d = self.default
         return GpuCalibration(name, {}, d.default_matmul, d.memory, d.attention_forward,
                               d.attention_backward, d.kernel_floor_s, d.source, d.default_plateau,
-                              d.attention_ramp)
+                              d.attention_ramp, flash1_ramp=d.flash1_ramp)
 
     def tier(self, kind: str) -> TierCalibration:
         if kind not in self.tiers:
@@ -221,7 +234,8 @@ def _build(merged: dict[str, Any], first_seen: dict[tuple[str, str], str],
     default_curve = shape.scaled(d["plateau"] / peak_shape)
     default = GpuCalibration("default", {}, default_curve, Curve(*zip(*d["memory"])),
                              d["attention_forward"], d["attention_backward"], d["kernel_floor_s"],
-                             tuple(d.get("source", ())), d["plateau"], d.get("attention_ramp"))
+                             tuple(d.get("source", ())), d["plateau"], d.get("attention_ramp"),
+                             flash1_ramp=d.get("flash1_ramp"))
     gpus = {name: _build_gpu(name, merged["gpus"], shape, peak_shape, default, first_seen)
             for name in merged["gpus"]}
     tiers = {name: _build_tier(name, value, first_seen.get(("tiers", name), where))
@@ -286,7 +300,8 @@ def _build_gpu(name: str, entries: dict[str, Any], shape: Curve, peak_shape: flo
                           e.get("attention_backward", default.attention_backward),
                           e.get("kernel_floor_s", default.kernel_floor_s),
                           tuple(e.get("source", ())), default.default_plateau, ramp,
-                          e.get("flash2_forward"), e.get("flash2_backward"))
+                          e.get("flash2_forward"), e.get("flash2_backward"),
+                          e.get("flash1_ramp", default.flash1_ramp))
 
 
 def _matmul_curve(entry: dict[str, Any], shape: Curve, peak_shape: float, origin: str,

@@ -19,7 +19,8 @@ GPU_KEYS = ("like", "matmul", "memory_efficiency_by_mb", "attention_forward_effi
             "notes")
 DEFAULT_KEYS = ("matmul_shape_by_ideal_us", "matmul_plateau_efficiency", "memory_efficiency_by_mb",
                 "attention_forward_efficiency", "attention_backward_efficiency",
-                "attention_by_seq_tflops", "kernel_floor_us", "source", "notes")
+                "attention_by_seq_tflops", "flash1_by_seq_tflops", "kernel_floor_us", "source",
+                "notes")
 RAMP_KEYS = ("peak_tflops", *CURVE_KEYS, "source", "notes")
 MATMUL_KEYS = ("peak_tflops", "measured_mnk_tflops", "plateau_tflops", "like_precision", "source",
                "notes")
@@ -121,6 +122,15 @@ def _parse_gpu(c: Checker, keys: tuple[str, ...]) -> dict[str, Any]:
             out[name] = _fraction(c, key)
     if c.has("attention_by_seq_tflops"):
         out["attention_ramp"] = _parse_ramp(c.sub("attention_by_seq_tflops"))
+    if c.has("flash1_by_seq_tflops"):
+        # FlashAttention (v1) in the same figure as attention_by_seq_tflops (FlashAttention-2): its
+        # rates relative to FlashAttention-2's best (simulator/attentionramp.py).
+        if not c.has("attention_by_seq_tflops"):
+            raise c.error("needs attention_by_seq_tflops beside it (FlashAttention-2's rates in "
+                          "the same benchmark)", "flash1_by_seq_tflops")
+        fa2 = c.sub("attention_by_seq_tflops")
+        best = max(t for key in CURVE_KEYS for _, t in _rows(fa2, key, "[sequence length, TFLOP/s]"))
+        out["flash1_ramp"] = _parse_ramp(c.sub("flash1_by_seq_tflops"), best)
     if c.has("kernel_floor_us"):
         out["kernel_floor_s"] = c.number("kernel_floor_us", positive=False) * 1e-6
     if c.has("source"):
@@ -151,9 +161,10 @@ def _parse_matmul(c: Checker) -> dict[str, Any]:
     return out
 
 
-def _parse_ramp(c: Checker) -> AttentionRamp:
+def _parse_ramp(c: Checker, best: float | None = None) -> AttentionRamp:
     """attention_by_seq_tflops: {peak_tflops, causal_hd64: [[seq, TFLOP/s], ...], causal_hd128,
-    full_hd64, full_hd128, source}: a flash kernel's measured rates (simulator/attentionramp.py)."""
+    full_hd64, full_hd128, source}: a flash kernel's measured rates (simulator/attentionramp.py),
+    relative to their best or to `best`."""
     c.only(RAMP_KEYS)
     c.number("peak_tflops")         # the figure's peak: kept for the reader, the ramp is relative
     points = {}
@@ -162,7 +173,7 @@ def _parse_ramp(c: Checker) -> AttentionRamp:
             raise c.error(f"missing required key (expected [[sequence length, TFLOP/s], ...]; "
                           f"a ramp needs {', '.join(CURVE_KEYS)})", key)
         points[key] = list(_rows(c, key, "[sequence length, TFLOP/s]"))
-    return ramp_from_tflops(points, _strings(c, "source") if c.has("source") else ())
+    return ramp_from_tflops(points, _strings(c, "source") if c.has("source") else (), best)
 
 
 def _parse_tier(c: Checker) -> dict[str, Any]:

@@ -239,6 +239,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     attention "flash": one fused kernel that never stores the scores (Dao et al. 2022), the GPU's
     best generation of it (Hopper: FlashAttention-3, Shah et al. 2024, or cuDNN's); "flash2":
     FlashAttention-2 (Dao 2023) itself, as PyTorch's SDPA flash backend and flash-attn 2.x run it;
+    "flash1": FlashAttention (Dao et al. 2022) as flash-attn 1.x ran it, at its measured rate
+    relative to FlashAttention-2 (`GpuCalibration.attention_efficiency`);
     "unfused": two batched GEMMs around a stored score matrix with a fused scale-mask-softmax and
     dropout (Megatron-LM before flash attention; Korthikanti et al. 2022, Sec. 4.1); "eager": the
     same with the scale, mask and softmax as separate kernels (Megatron-LM 2019).
@@ -321,10 +323,22 @@ def loss_backward_bytes(e: int) -> tuple[float, ...]:
     return (8.0, 4.0 + e)
 
 
+def fused_loss_bytes(e: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Bytes per logit element of a fused cross-entropy (forward, backward): the forward reads the
+    logits once, with an online softmax (max and sum of exponentials in one pass), and writes one
+    number per row; the backward reads them again and writes the gradient, in place
+    (flash-attn's flash_attn/ops/triton/cross_entropy.py, cross_entropy_fwd_kernel and
+    cross_entropy_bwd_kernel; apex's xentropy and Megatron-Core's --cross-entropy-loss-fusion
+    likewise read and write the logits at their own precision)."""
+    return (float(e),), (2.0 * e,)
+
+
 def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
-               precision: str, gpu: GPU, cal: Calibration) -> LayerTimes:
+               precision: str, gpu: GPU, cal: Calibration, *,
+               fused_loss: bool = False) -> LayerTimes:
     """Final norm, LM head GEMM (the inventory's, vocab split over tp) and the cross-entropy loss
-    (fp32). BERT's MLM transform GEMM (hidden x hidden, in the inventory's head) is not timed."""
+    (fp32, unfused; `fused_loss`: one fused kernel each way, `fused_loss_bytes`). BERT's MLM
+    transform GEMM (hidden x hidden, in the inventory's head) is not timed."""
     g = cal.gpu(gpu.name)
     e = element_bytes(precision)
     head = inventory.layers(dims, micro_batch=micro_batch, tensor=tp, context=cp)[-1]
@@ -335,10 +349,11 @@ def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: i
     norm_tokens = tokens / tp if sp else tokens
     norm = 2 * e * norm_tokens * dims.hidden
     logits = tokens * vocab_local
-    ew_f = _elementwise(norm, gpu, g) + sum(_elementwise(logits * b, gpu, g)
-                                            for b in loss_forward_bytes(e))
+    fwd_bytes, bwd_bytes = (fused_loss_bytes(e) if fused_loss
+                            else (loss_forward_bytes(e), loss_backward_bytes(e)))
+    ew_f = _elementwise(norm, gpu, g) + sum(_elementwise(logits * b, gpu, g) for b in fwd_bytes)
     ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * norm, gpu, g) + sum(
-        _elementwise(logits * b, gpu, g) for b in loss_backward_bytes(e))
+        _elementwise(logits * b, gpu, g) for b in bwd_bytes)
     bwd_input = gemm_i + ew_b
     parts = {"gemm_fwd": gemm_f, "elementwise_fwd": ew_f, "gemm_bwd_input": gemm_i,
              "gemm_bwd_weight": gemm_w, "elementwise_bwd": ew_b}

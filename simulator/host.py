@@ -152,7 +152,7 @@ def forward_kernels(*, decoder: bool, tensor: int, attention: str,
     """Kernels one block's forward launches (see the module docstring for the count). Without
     Megatron's elementwise fusions the MLP's bias add runs apart from its activation and each
     residual sublayer runs bias add, dropout and add as three kernels instead of one."""
-    core = {"flash": 1, "flash2": 1, "unfused": 4, "eager": 7}[attention]
+    core = {"flash": 1, "flash2": 1, "flash1": 1, "unfused": 4, "eager": 7}[attention]
     n = 2 + 4 + core + 1 + 2 + 2
     collectives = (3 if decoder else 2) if tensor > 1 else 0
     if decoder:

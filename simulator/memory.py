@@ -184,7 +184,7 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
                  sp: bool = False, zero: int = 0, pipeline: int = 1, blocks: int | None = None,
                  decoder_blocks: int = 0, first: bool = True, last: bool = True,
                  inflight: float = 1.0, flash_attention: bool = True,
-                 softmax_fp32: bool = False,
+                 softmax_fp32: bool = False, fused_loss: bool = False,
                  framework: str = "megatron",
                  activation_model: ActivationModel = MEGATRON) -> MemoryEstimate:
     """Memory of one GPU holding `blocks` encoder/decoder-only blocks and `decoder_blocks` t5
@@ -198,7 +198,7 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     w, g, o = bytes_per_parameter(precision, optimizer, zero, shard, framework)
     s = ActivationSettings(micro_batch=micro_batch, precision=precision, tensor=tp, context=cp,
                            sequence_parallel=sp, recompute=recompute, flash_attention=flash_attention,
-                           softmax_fp32=softmax_fp32)
+                           softmax_fp32=softmax_fp32, fused_loss=fused_loss)
     held = [(blocks, inventory.block(dims, kind=inventory.block_kind(dims)))]
     if decoder_blocks:
         held.append((decoder_blocks, inventory.block(dims, kind="decoder")))
@@ -278,5 +278,6 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
             decoder_blocks=dec, first=(rank == 0), last=(rank == p - 1), inflight=held,
             flash_attention=flash_attention, framework=training.framework,
             softmax_fp32=training.attention_softmax_fp32 and training.attention == "eager",
+            fused_loss=training.fused_cross_entropy,
             activation_model=activation_model))
     return tuple(out)

@@ -201,8 +201,8 @@ def chunk_costs(env: StepEnv) -> list[ChunkCost]:
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
     head = sustained(head_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
-                                t.precision, gpu, cal), oh, gpu, t.precision,
-                    framework=t.framework)
+                                t.precision, gpu, cal, fused_loss=t.fused_cross_entropy),
+                     oh, gpu, t.precision, framework=t.framework)
     ranges = chunk_ranges(d.total_layers, p)
     out = []
     for i, (a, b) in enumerate(ranges):

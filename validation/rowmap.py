@@ -139,6 +139,8 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
         training["fused_elementwise"] = False
     if rules.value(row, "attention_softmax_fp32", notes):
         training["attention_softmax_fp32"] = True
+    if rules.value(row, "fused_cross_entropy", notes):
+        training["fused_cross_entropy"] = True
     attention = rules.value(row, "attention", notes)
     if attention is not None:
         training["attention"] = attention

@@ -71,6 +71,9 @@ def test_round_trip_to_dict():
     assert parse_scenario(s.to_dict()) == s
     plain = parse_scenario(doc()).to_dict()["training"]
     assert "fused_elementwise" not in plain and "attention_softmax_fp32" not in plain
+    s = parse_scenario(doc(training__fused_cross_entropy=True))
+    assert s.training.fused_cross_entropy and parse_scenario(s.to_dict()) == s
+    assert "fused_cross_entropy" not in plain
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -97,9 +100,10 @@ def test_round_trip_to_dict():
     ({"model__seq_len": _DELETE}, "model.seq_len: missing required key"),
     ({"training": _DELETE}, "training: missing required section"),
     ({"parallel__sequence_parallel": "yes"}, "parallel.sequence_parallel: expected true or false"),
-    ({"training__attention": "flashy"}, "training.attention: expected one of flash, flash2, unfused"),
+    ({"training__attention": "flashy"}, "training.attention: expected one of flash, flash2, flash1, unfused"),
     ({"training__framework": "jax"}, "training.framework: expected one of megatron, deepspeed, fsdp"),
     ({"training__fused_elementwise": "no"}, "training.fused_elementwise: expected true or false"),
+    ({"training__fused_cross_entropy": 1}, "training.fused_cross_entropy: expected true or false"),
     ({"training__attention_softmax_fp32": True},
      "training.attention_softmax_fp32: only with attention eager or unfused (attention is flash"),
     ({"parallel__grad_reduce": "herring"}, "parallel.grad_reduce: expected one of auto, ring, tree"),

@@ -123,3 +123,39 @@ def test_a_scenarios_attention_kernel_reaches_the_step_time():
     slow = simulate(parse_scenario(doc), load_catalog())
     assert slow.step_time_s > 1.1 * fast.step_time_s
     assert slow.peak_memory_bytes == fast.peak_memory_bytes          # neither stores the scores
+
+
+FA1_A100_CAUSAL_HD64 = {512: 58, 1024: 70, 2048: 77, 4096: 87, 8192: 92, 16384: 97}
+
+
+def test_flashattention1_on_a100_runs_at_its_published_rate(shipped):
+    """`training.attention: flash1` on A100 gives FlashAttention (v1)'s forward + backward rate of
+    the same benchmark figure (causal, head dim 64: 58-97 TFLOP/s against FlashAttention-2's
+    88-171); another GPU runs it at the same fraction of its own FlashAttention-2's best rate."""
+    cat = load_catalog()
+    a100, h100 = cat.gpu("a100-80gb"), cat.gpu("h100-80gb")
+    d = 64
+
+    def rate(gpu, seq, kernel):
+        g = shipped.gpu(gpu.name)
+        flops = attention_flops(1, 16, seq, seq, d)
+        t = sum(flops / 2 / (gpu.peak("bf16") * g.attention_efficiency(b, seq, d, True, kernel))
+                * (2.5 if b else 1.0) for b in (False, True))
+        return 3.5 * flops / 2 / t
+    for seq in (512, 2048, 16384):
+        v1, v2 = rate(a100, seq, "flash1"), rate(a100, seq, "flash2")
+        assert v1 / v2 == pytest.approx(FA1_A100_CAUSAL_HD64[seq] / FA2_A100_CAUSAL_HD64[seq],
+                                        rel=0.01)
+        assert rate(h100, seq, "flash1") / rate(a100, seq, "flash1") == pytest.approx(
+            rate(h100, 16384, "flash2") / rate(a100, 16384, "flash2") / (
+                shipped.gpu("h100-80gb").attention_ramp(16384, d, True)
+                / shipped.gpu("a100-80gb").attention_ramp(16384, d, True)), rel=0.01)
+
+
+def test_flash1_needs_its_rates_beside_flashattention2s(tmp_path):
+    bad = tmp_path / "cal.yaml"
+    bad.write_text(yaml.safe_dump({"default": {"flash1_by_seq_tflops": {
+        "peak_tflops": 312, "causal_hd64": [[512, 58]], "causal_hd128": [[512, 55]],
+        "full_hd64": [[512, 91]], "full_hd128": [[512, 76]]}}}))
+    with pytest.raises(PartitaError, match="flash1_by_seq_tflops: needs attention_by_seq_tflops"):
+        load_calibration(bad)

@@ -366,3 +366,16 @@ def test_unfused_elementwise_moves_the_bytes_of_the_separate_kernels(flat, dims,
     assert unfused.parts["elementwise_fwd"] - fused.parts["elementwise_fwd"] == pytest.approx(extra)
     assert unfused.parts["elementwise_bwd"] - fused.parts["elementwise_bwd"] == pytest.approx(2 * extra)
     assert unfused.parts["gemm_fwd"] == fused.parts["gemm_fwd"]
+
+
+def test_fused_cross_entropy_reads_the_logits_once_each_way(flat):
+    """The unfused loss moves 48 + 2e bytes per logit (fp32 chain, forward and backward); a fused
+    kernel reads the logits in the forward (e) and reads and writes them in the backward (2e)."""
+    gpu = make_gpu()
+    unfused = head_times(GPT, 2, 1, False, 1, "bf16", gpu, flat)
+    fused = head_times(GPT, 2, 1, False, 1, "bf16", gpu, flat, fused_loss=True)
+    logits = 2 * GPT.seq_len * GPT.vocab
+    hbm = gpu.memory_bandwidth_bytes_per_s
+    assert unfused.fwd_s - fused.fwd_s == pytest.approx(logits * (2 + 36 - 2) / hbm, rel=1e-9)
+    assert unfused.bwd_s - fused.bwd_s == pytest.approx(logits * (12 + 2 - 4) / hbm, rel=1e-9)
+    assert fused.parts["gemm_fwd"] == unfused.parts["gemm_fwd"]

@@ -146,6 +146,17 @@ def test_eager_fp32_softmax_keeps_its_output_at_four_bytes():
         GPT.layers * s * 2 * a * s)
 
 
+def test_a_fused_loss_keeps_the_logits_at_their_own_precision():
+    cal = load_calibration()
+    parallel = ParallelSpec(tensor=1, pipeline=1, data=8)
+    plain = pipeline_memory(GPT, TrainingSpec(global_batch=8, micro_batch=1, precision="bf16"),
+                            parallel, cal)[0]
+    fused = pipeline_memory(GPT, TrainingSpec(global_batch=8, micro_batch=1, precision="bf16",
+                                              fused_cross_entropy=True), parallel, cal)[0]
+    assert plain.details["logits"] - fused.details["logits"] == pytest.approx(
+        GPT.seq_len * GPT.vocab * (4 - 2))
+
+
 def test_fp32_doubles_the_two_byte_terms():
     sbh = GPT.seq_len * GPT.hidden
     kw = dict(recompute="selective", flash_attention=False)
