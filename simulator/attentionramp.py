@@ -31,6 +31,11 @@ class AttentionRamp:
     curves: dict[str, Curve] = field(hash=False)
     source: tuple[str, ...] = ()
 
+    @property
+    def best(self) -> float:
+        """The ramp at its best measured point (1.0 unless taken relative to another kernel)."""
+        return max(max(c.ys) for c in self.curves.values())
+
     def __call__(self, seq_len: float, head_dim: float, causal: bool) -> float:
         mask = "causal" if causal else "full"
         lo, hi = (self.curves[f"{mask}_hd{d}"](seq_len) for d in HEAD_DIMS)

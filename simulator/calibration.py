@@ -40,14 +40,13 @@ from typing import Any
 
 from partita.planner.errors import PartitaError, unknown_name
 from partita.planner.paths import CALIBRATION_DIR
-from partita.simulator.attentionramp import HEAD_DIMS, AttentionRamp
+from partita.simulator.attentionramp import AttentionRamp
 from partita.simulator.calibration_file import (PRECISION_KEYS, TIER_REQUIRED, TIER_SCALES,
                                                 parse_file)
 from partita.simulator.curve import Curve
 from partita.simulator.host import HostCosts
 
 MEMORY_FILES = (CALIBRATION_DIR / "memory.yaml", CALIBRATION_DIR / "fitted_memory.yaml")
-LONG_SEQUENCE = 16384       # tokens: the longest point of the flash benchmarks, a kernel's best
 
 
 @dataclass(frozen=True)
@@ -89,8 +88,8 @@ class GpuCalibration:
             if self.flash1_ramp is None:
                 raise PartitaError(f"training.attention: flash1 has no FlashAttention (v1) rates in "
                                    f"the calibration of {self.name} (flash1_by_seq_tflops)")
-            if seq_len is None or head_dim is None:
-                seq_len, head_dim = LONG_SEQUENCE, HEAD_DIMS[-1]
+            if seq_len is None or head_dim is None:         # no shape: at its best, as flash2
+                return eff * self.flash1_ramp.best
             return eff * self.flash1_ramp(seq_len, head_dim, causal)
         if self.attention_ramp is None or seq_len is None or head_dim is None:
             return eff
