@@ -66,6 +66,8 @@ class ExecPlan:
     module: str | None = None             # "pkg.mod:fn" of a `module:` model; None: a transformer
     sequence_parallel: bool = False       # with tensor > 1: activations sharded by sequence
     context: int = 1                      # context-parallel degree (executor/context.py)
+    recompute_num_layers: int | None = None   # recompute full: blocks recomputed per chunk (the
+                                              # first N); None: every block
 
     @property
     def microbatches(self) -> int:
@@ -136,13 +138,16 @@ class ExecPlan:
         return out
 
     def to_dict(self) -> dict:
-        return {"data_parallel": self.data_parallel, "tensor": self.tensor, "pipeline": self.pipeline, "data": self.data,
-                "schedule": self.schedule, "virtual_stages": self.virtual_stages,
-                "stages": [list(c) for c in self.chunks], "microbatches": self.microbatches,
-                "micro_batch": self.micro_batch, "global_batch": self.global_batch,
-                "zero": self.zero, "precision": self.precision, "recompute": self.recompute,
-                "optimizer": self.optimizer, "module": self.module,
-                "sequence_parallel": self.sequence_parallel, "context": self.context}
+        out = {"data_parallel": self.data_parallel, "tensor": self.tensor, "pipeline": self.pipeline, "data": self.data,
+               "schedule": self.schedule, "virtual_stages": self.virtual_stages,
+               "stages": [list(c) for c in self.chunks], "microbatches": self.microbatches,
+               "micro_batch": self.micro_batch, "global_batch": self.global_batch,
+               "zero": self.zero, "precision": self.precision, "recompute": self.recompute,
+               "optimizer": self.optimizer, "module": self.module,
+               "sequence_parallel": self.sequence_parallel, "context": self.context}
+        if self.recompute_num_layers is not None:
+            out["recompute_num_layers"] = self.recompute_num_layers
+        return out
 
 
 def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
@@ -164,7 +169,7 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
         data=p.data, schedule=p.schedule, virtual_stages=p.virtual_stages, chunks=tuple(chunks),
         blocks=dims.total_layers, global_batch=t.global_batch, micro_batch=t.micro_batch,
         seq_len=dims.seq_len, vocab=dims.vocab, zero=p.zero, precision=t.precision,
-        recompute=t.recompute, optimizer=t.optimizer,
+        recompute=t.recompute, recompute_num_layers=t.recompute_num_layers, optimizer=t.optimizer,
         sequence_parallel=p.sequence_parallel and p.tensor > 1, context=p.context)
 
 
@@ -220,8 +225,8 @@ def _module_plan(scenario: Scenario, gpus: int, where: str) -> ExecPlan:
         data=p.data, schedule=p.schedule, virtual_stages=p.virtual_stages,
         chunks=tuple(tuple(c) for c in chunk_ranges(len(names), p)), blocks=len(names),
         global_batch=t.global_batch, micro_batch=t.micro_batch, seq_len=m.seq_len, vocab=m.vocab,
-        zero=p.zero, precision=t.precision, recompute=t.recompute, optimizer=t.optimizer,
-        module=m.module)
+        zero=p.zero, precision=t.precision, recompute=t.recompute,
+        recompute_num_layers=t.recompute_num_layers, optimizer=t.optimizer, module=m.module)
 
 
 def _check_executable(s: Scenario, dims, where: str) -> None:

@@ -12,7 +12,8 @@ trains as a causal language model, ids (B, S) in and logits (B, S, vocab) out, o
 cross-entropy against the next tokens, unless the module has its own `loss(output, targets)`.
 
 A `Chunk` runs its layers in order, under autocast for bf16 and fp16 and with the plan's activation
-recomputation. Parameters tied across chunks (GPT's embedding and LM head, T5's shared relative
+recomputation (full: every block of the chunk, or its first `recompute_num_layers`, Megatron-LM's
+block method). Parameters tied across chunks (GPT's embedding and LM head, T5's shared relative
 position bias) become one copy per chunk; `TiedGroup` lists them so that the run loop adds their
 gradients up, as Megatron-LM does for the embedding of its first and last stage
 (Shoeybi et al. 2019, Sec. 3; megatron/core/distributed/finalize_model_grads.py).
@@ -51,9 +52,12 @@ class Chunk(nn.Module):
     """Consecutive pipeline layers of one model chunk: one tensor in, one tensor out."""
 
     def __init__(self, stage: int, layers: list[nn.Module], names: list[str], *, recompute: str,
-                 precision: str, device_type: str, plain: tuple[str, ...] = NOT_BLOCKS):
+                 precision: str, device_type: str, plain: tuple[str, ...] = NOT_BLOCKS,
+                 recompute_num_layers: int | None = None):
         super().__init__()
         self.plain = tuple(plain)          # layers never recomputed (they take or give ids/logits)
+        blocks = [i for i, n in enumerate(names) if n not in self.plain]
+        self.recomputed = frozenset(blocks[:recompute_num_layers])  # the blocks "full" checkpoints
         self.stage = stage
         self.layers = nn.ModuleList(layers)
         self.names = list(names)
@@ -64,14 +68,16 @@ class Chunk(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         with torch.autocast(self.device_type, dtype=self.autocast or torch.bfloat16,
                             enabled=self.autocast is not None):
-            for name, layer in zip(self.names, self.layers):
-                x = self._run(layer, x) if name not in self.plain else layer(x)
+            for i, (name, layer) in enumerate(zip(self.names, self.layers)):
+                x = self._run(layer, x, i) if name not in self.plain else layer(x)
         return x
 
-    def _run(self, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def _run(self, block: nn.Module, x: torch.Tensor, index: int) -> torch.Tensor:
         if self.recompute == "none":
             return block(x)
         if self.recompute == "full":
+            if index not in self.recomputed:
+                return block(x)
             return checkpoint(block, x, use_reentrant=False)
         context = partial(create_selective_checkpoint_contexts, _selective_policy)
         return checkpoint(block, x, use_reentrant=False, context_fn=context)
@@ -99,7 +105,8 @@ def build_chunks(plan: ExecPlan, model: TransformerDims | ModelSpec, stages: tup
     model.materialize(device, seed=seed, layers=wanted)
     layers, names = model.pipeline_layers(), model.layer_names()
     chunks = [Chunk(s, [layers[i] for i in plan.layers_of(s)], [names[i] for i in plan.layers_of(s)],
-                    recompute=plan.recompute, precision=plan.precision, device_type=device.type)
+                    recompute=plan.recompute, precision=plan.precision, device_type=device.type,
+                    recompute_num_layers=plan.recompute_num_layers)
               for s in stages]
     groups = tied_groups(model, plan)
     _untie_across_chunks(chunks)
@@ -112,7 +119,7 @@ def _module_chunks(plan: ExecPlan, spec: ModelSpec, stages: tuple[int, ...], dev
     plain = (names[0],)
     chunks = [Chunk(s, [layers[i] for i in plan.layers_of(s)], [names[i] for i in plan.layers_of(s)],
                     recompute=plan.recompute, precision=plan.precision, device_type=device.type,
-                    plain=plain)
+                    plain=plain, recompute_num_layers=plan.recompute_num_layers)
               for s in stages]
     groups = chain_tied_groups(layers, names, plan)
     _untie_across_chunks(chunks)

@@ -249,13 +249,15 @@ def reference_run(scenario: Scenario, *, steps: int, seed: int = 0, lr: float = 
     if plan.module is not None:
         names, layers, loss_fn = build_module_chain(scenario.model, torch.device("cpu"), seed)
         chunk = Chunk(0, layers, names, recompute=plan.recompute, precision=plan.precision,
-                      device_type="cpu", plain=(names[0],))
+                      device_type="cpu", plain=(names[0],),
+                      recompute_num_layers=plan.recompute_num_layers)
     else:
         from partita.planner.models import build_model
         model = build_model(scenario.model.resolve(), seed=seed)
         loss_fn = model.loss
         chunk = Chunk(0, model.pipeline_layers(), model.layer_names(), recompute=plan.recompute,
-                      precision=plan.precision, device_type="cpu")
+                      precision=plan.precision, device_type="cpu",
+                      recompute_num_layers=plan.recompute_num_layers)
     optimizer = make_optimizer(plan.optimizer, list(chunk.parameters()), lr)
     scaler = LossScaler(plan.precision)
     scaled_loss = scaler.scaled(loss_fn)

@@ -35,6 +35,7 @@ class Layout:
     micro_batch: int
     recompute: str
     zero: int
+    recompute_layers: int | None = None   # full recompute of only this many blocks per model chunk
 
 
 def layout_of(plan) -> Layout:

@@ -29,6 +29,7 @@ class Candidate:
     recompute: str
     zero: int
     grad_reduce: str
+    recompute_layers: int | None = None       # full recompute of only this many blocks per chunk
     stages: tuple[tuple[int, int], ...] | None = None
     split: str = "even"                       # even | balanced | ilp (solver, status)
     step_time_s: float | None = None
@@ -54,7 +55,8 @@ class Candidate:
 
 
 COLUMNS = ("system", "nodes", "gpus", "tensor", "pipeline", "context", "data", "micro_batch",
-           "schedule", "virtual_stages", "recompute", "zero", "grad_reduce", "split", "step_time_s",
+           "schedule", "virtual_stages", "recompute", "recompute_layers", "zero", "grad_reduce",
+           "split", "step_time_s",
            "tokens_per_s", "mfu", "bubble_fraction", "peak_memory_gib", "memory_capacity_gib",
            "fits", "usd_per_hour", "usd_per_hour_spot", "days", "usd", "usd_spot",
            "within_budget", "pareto", "error")

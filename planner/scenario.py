@@ -24,7 +24,7 @@ MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
                  "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32",
-                 "fused_cross_entropy")
+                 "fused_cross_entropy", "recompute_num_layers")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap")
@@ -38,6 +38,7 @@ LIMITS = {
     "model.max_positions": 1 << 24,
     "cluster.gpus": 1 << 20, "cluster.nodes": 1 << 17, "cluster.gpus_per_node": 1024,
     "training.global_batch": 1 << 24, "training.micro_batch": 1 << 16,
+    "training.recompute_num_layers": 1024,
     "parallel.tensor": 1024, "parallel.pipeline": 4096, "parallel.context": 1024,
     "parallel.data": 1 << 20, "parallel.virtual_stages": 1024,
 }
@@ -80,6 +81,19 @@ class TrainingSpec:
     fused_cross_entropy: bool = False  # the loss as one fused kernel each way (flash-attn's
                                     # cross-entropy, apex xentropy, Megatron-Core
                                     # --cross-entropy-loss-fusion); false: the fp32 chain
+    recompute_num_layers: int | None = None  # with recompute full: only the first N blocks of each
+                                    # model chunk are recomputed, the others keep their activations
+                                    # (Megatron-LM --recompute-method block --recompute-num-layers N);
+                                    # None: every block
+
+    def recomputed_blocks(self, blocks: int) -> int:
+        """How many of a chunk's `blocks` transformer blocks run their forward again in backward:
+        all of them under full recompute, the first `recompute_num_layers` where that is set,
+        none otherwise (selective recompute re-runs part of every block, not whole blocks)."""
+        if self.recompute != "full":
+            return 0
+        n = self.recompute_num_layers
+        return blocks if n is None else min(n, blocks)
 
 
 @dataclass(frozen=True)
@@ -152,6 +166,8 @@ class Scenario:
             out["training"]["attention_softmax_fp32"] = True
         if t.fused_cross_entropy:
             out["training"]["fused_cross_entropy"] = True
+        if t.recompute_num_layers is not None:
+            out["training"]["recompute_num_layers"] = t.recompute_num_layers
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -298,7 +314,19 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         launch_blocking=c.bool("launch_blocking", False),
                         fused_elementwise=c.bool("fused_elementwise", True),
                         attention_softmax_fp32=_softmax_fp32(c),
-                        fused_cross_entropy=c.bool("fused_cross_entropy", False))
+                        fused_cross_entropy=c.bool("fused_cross_entropy", False),
+                        recompute_num_layers=_recompute_num_layers(c))
+
+
+def _recompute_num_layers(c: Checker) -> int | None:
+    """training.recompute_num_layers: blocks per model chunk recomputed (Megatron-LM's block
+    method); only with recompute full, whose default is every block."""
+    n = c.int("recompute_num_layers", None, minimum=1, maximum=_lim(c, "recompute_num_layers"))
+    recompute = c.mapping.get("recompute", "none")
+    if n is not None and recompute != "full":
+        raise c.error(f"only with recompute full (recompute is {recompute}: it names how many "
+                      f"blocks of each chunk full recompute re-runs), got {n}", "recompute_num_layers")
+    return n
 
 
 def _softmax_fp32(c: Checker) -> bool:

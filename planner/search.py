@@ -126,7 +126,8 @@ def _time_layouts(run: _Run, *, deadline: float | None, max_evaluations: int | N
 
 def _time_group(run: _Run, group: list[Layout]) -> None:
     """Time one layout group: per ZeRO stage the recompute settings from none to full, stopping
-    at the first that fits (more recompute only adds time)."""
+    at the first that fits (more recompute only adds time). Where only full recompute fits, the
+    fewest blocks per chunk that fit are found too (`_fewest_recomputed`)."""
     spec = run.spec
     fitted = set()
     for lay in group:
@@ -134,10 +135,33 @@ def _time_group(run: _Run, group: list[Layout]) -> None:
             continue
         schedule = spec.default_schedule(lay.pipeline)
         virtual = spec.fixed.get("virtual_stages", 1) if schedule == "interleaved-1f1b" else 1
-        cand = run.add(lay, schedule=schedule, virtual=virtual,
-                       grad_reduce=spec.fixed.get("grad_reduce", "auto"))
+        how = dict(schedule=schedule, virtual=virtual,
+                   grad_reduce=spec.fixed.get("grad_reduce", "auto"))
+        cand = run.add(lay, **how)
         if cand is not None and cand.error is None and cand.fits:
             fitted.add(lay.zero)
+            if lay.recompute == "full" and spec.scenario.training.recompute_num_layers is None:
+                _fewest_recomputed(run, lay, how)
+
+
+def _fewest_recomputed(run: _Run, lay: Layout, how: dict) -> None:
+    """Full recompute fits: bisect for the fewest blocks per model chunk recomputed that still fit
+    (Megatron-LM's --recompute-method block --recompute-num-layers N). Time grows and memory falls
+    with N, so the least N that fits is the fastest plan of the layout that fits."""
+    per_chunk = -(-run.spec.dims.total_layers // (lay.pipeline * how["virtual"]))
+    lo, hi = 1, per_chunk                       # hi: every block, known to fit
+    fitting = []
+    while lo < hi:
+        mid = (lo + hi) // 2
+        cand = run.add(replace(lay, recompute_layers=mid), **how)
+        if cand is not None and cand.error is None and cand.fits:
+            hi = mid
+            fitting.append(cand)
+        else:
+            lo = mid + 1
+    for cand in fitting:                        # slower than the least N and no leaner than all
+        if cand.recompute_layers != hi:
+            run.results.remove(cand)
 
 
 def _expand_schedules(run: _Run, top_layouts: int) -> None:
@@ -233,6 +257,15 @@ class _Run:
     def microbatches(self, lay: Layout) -> int:
         return self.spec.scenario.training.global_batch // (lay.micro_batch * lay.data)
 
+    def recompute_layers(self, lay: Layout) -> int | None:
+        """Blocks per chunk a full-recompute layout recomputes: the search's choice, else the
+        scenario's own `recompute_num_layers` (None: every block)."""
+        if lay.recompute != "full":
+            return None
+        if lay.recompute_layers is not None:
+            return lay.recompute_layers
+        return self.spec.scenario.training.recompute_num_layers
+
     def scenario_of(self, lay: Layout, *, schedule: str, virtual: int, grad_reduce: str,
                     stages=None) -> Scenario:
         s = self.spec.scenario
@@ -246,7 +279,8 @@ class _Run:
             tp_comm_overlap=fixed.get("tp_comm_overlap", False), grad_reduce=grad_reduce,
             stages=stages if stages is not None else fixed.get("stages"))
         cluster = replace(s.cluster, system=lay.system, gpus=lay.gpus, nodes=None)
-        training = replace(s.training, micro_batch=lay.micro_batch, recompute=lay.recompute)
+        training = replace(s.training, micro_batch=lay.micro_batch, recompute=lay.recompute,
+                           recompute_num_layers=self.recompute_layers(lay))
         return replace(s, cluster=cluster, training=training, parallel=par)
 
     def add(self, lay: Layout, *, schedule: str, virtual: int, grad_reduce: str, stages=None,
@@ -261,7 +295,8 @@ class _Run:
         base = dict(system=lay.system, nodes=nodes, gpus=lay.gpus, tensor=lay.tensor,
                     pipeline=lay.pipeline, context=lay.context, data=lay.data,
                     micro_batch=lay.micro_batch, schedule=schedule, virtual_stages=virtual,
-                    recompute=lay.recompute, zero=lay.zero, grad_reduce=grad_reduce,
+                    recompute=lay.recompute, recompute_layers=self.recompute_layers(lay),
+                    zero=lay.zero, grad_reduce=grad_reduce,
                     stages=stages, split=split,
                     usd_per_hour=_times(price.best_usd_per_hour, nodes),
                     usd_per_hour_spot=_times(price.spot_usd_per_hour, nodes),

@@ -46,6 +46,9 @@ def plan_text(row) -> str:
     if int(row["virtual_stages"]) > 1:
         text += f" (v={row['virtual_stages']})"
     text += f", mb {row['micro_batch']}, recompute {row['recompute']}"
+    layers = row.get("recompute_layers") if hasattr(row, "get") else None
+    if layers is not None and not pd.isna(layers):       # an optional column (older tables lack it)
+        text += f" ({int(layers)} blocks per chunk)"
     if int(row["zero"]):
         text += f", ZeRO-{row['zero']}"
     return text + f", {row['grad_reduce']}"

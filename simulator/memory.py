@@ -185,11 +185,13 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
                  decoder_blocks: int = 0, first: bool = True, last: bool = True,
                  inflight: float = 1.0, flash_attention: bool = True,
                  softmax_fp32: bool = False, fused_loss: bool = False,
-                 framework: str = "megatron",
+                 framework: str = "megatron", recomputed: int | None = None,
                  activation_model: ActivationModel = MEGATRON) -> MemoryEstimate:
     """Memory of one GPU holding `blocks` encoder/decoder-only blocks and `decoder_blocks` t5
     decoder blocks (default: the whole model), `inflight` micro-batches of `activation_model`'s
-    activations."""
+    activations. Under full recompute, `recomputed` of those blocks (encoder blocks first; default
+    all) keep only their input, the others all their activations
+    (`TrainingSpec.recompute_num_layers`)."""
     if blocks is None:
         blocks, decoder_blocks = dims.layers, dims.decoder_layers
     shard = dp * cp
@@ -199,19 +201,25 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     s = ActivationSettings(micro_batch=micro_batch, precision=precision, tensor=tp, context=cp,
                            sequence_parallel=sp, recompute=recompute, flash_attention=flash_attention,
                            softmax_fp32=softmax_fp32, fused_loss=fused_loss)
-    held = [(blocks, inventory.block(dims, kind=inventory.block_kind(dims)))]
+    kept = replace(s, recompute="none")
+    r = blocks + decoder_blocks if recomputed is None or recompute != "full" else recomputed
+    r_enc = min(r, blocks)
+    enc_layer = inventory.block(dims, kind=inventory.block_kind(dims))
+    held = [(r_enc, enc_layer, s), (blocks - r_enc, enc_layer, kept)]
     if decoder_blocks:
-        held.append((decoder_blocks, inventory.block(dims, kind="decoder")))
+        dec_layer = inventory.block(dims, kind="decoder")
+        held += [(r - r_enc, dec_layer, s), (decoder_blocks - (r - r_enc), dec_layer, kept)]
     if first:
-        held.append((1, inventory.layers(dims)[0]))
-    activations = sum(n * activation_model.layer_bytes(dims, layer, s) for n, layer in held) * inflight
+        held.append((1, inventory.layers(dims)[0], s))
+    activations = sum(n * activation_model.layer_bytes(dims, layer, how)
+                      for n, layer, how in held if n > 0) * inflight
     details: dict[str, float] = {"parameter_count": params}
-    if recompute == "full" and blocks + decoder_blocks > 0:
+    if recompute == "full" and r > 0:
         # The backward re-runs one block's forward from its stored input and holds all that
         # block's activations until its backward is done: checkpoints plus the largest segment
         # (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", Sec. 4.1).
-        segment = activation_model.layer_bytes(dims, held[1 if decoder_blocks else 0][1],
-                                               replace(s, recompute="none"))
+        segment = activation_model.layer_bytes(
+            dims, dec_layer if r > r_enc else enc_layer, kept)
         details["recompute_segment"] = segment
         activations += segment
     other = 0.0
@@ -242,16 +250,19 @@ def chunk_parameters(dims: TransformerDims, parallel: ParallelSpec) -> list[floa
     return out
 
 
-def _stage_blocks(dims: TransformerDims, parallel: ParallelSpec) -> list[tuple[int, int]]:
-    """(encoder-or-only blocks, t5 decoder blocks) per pipeline rank, all its chunks together."""
+def _stage_blocks(dims: TransformerDims, parallel: ParallelSpec,
+                  training: TrainingSpec) -> list[tuple[int, int, int]]:
+    """(encoder-or-only blocks, t5 decoder blocks, blocks recomputed) per pipeline rank, all its
+    chunks together."""
     p = parallel.pipeline
     ranges = chunk_ranges(dims.total_layers, parallel)
-    out = [[0, 0] for _ in range(p)]
+    out = [[0, 0, 0] for _ in range(p)]
     for chunk, (a, b) in enumerate(ranges):
         enc, dec = chunk_blocks(dims, a, b)
         out[chunk % p][0] += enc
         out[chunk % p][1] += dec
-    return [(e, d) for e, d in out]
+        out[chunk % p][2] += training.recomputed_blocks(enc + dec)
+    return [(e, d, r) for e, d, r in out]
 
 
 def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: ParallelSpec,
@@ -264,12 +275,12 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
     p = parallel.pipeline
     m = microbatches if microbatches is not None else max(
         1, training.global_batch // (training.micro_batch * parallel.data))
-    blocks = _stage_blocks(dims, parallel)
+    blocks = _stage_blocks(dims, parallel, training)
     out = []
     for rank in range(p):
         held = inflight[rank] if inflight is not None else activation_microbatches(
             parallel.schedule, p, m, rank, parallel.virtual_stages)
-        enc, dec = blocks[rank]
+        enc, dec, recomputed = blocks[rank]
         out.append(stage_memory(
             dims, micro_batch=training.micro_batch, precision=training.precision,
             optimizer=training.optimizer, recompute=training.recompute, cal=cal,
@@ -278,6 +289,6 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
             decoder_blocks=dec, first=(rank == 0), last=(rank == p - 1), inflight=held,
             flash_attention=flash_attention, framework=training.framework,
             softmax_fp32=training.attention_softmax_fp32 and training.attention == "eager",
-            fused_loss=training.fused_cross_entropy,
+            fused_loss=training.fused_cross_entropy, recomputed=recomputed,
             activation_model=activation_model))
     return tuple(out)

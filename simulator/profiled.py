@@ -72,16 +72,30 @@ def chunk_costs(env) -> list[ChunkCost]:
     layers = ctx.profile.layers
     out = []
     for a, b in chunk_ranges(len(layers), ctx.parallel):
-        f = bw = w = 0.0
-        for layer in layers[a:b]:
-            lf, lb, lw = _layer_times(layer, env)
+        f = bw = w = recompute = 0.0
+        again = set(recomputed_layers(ctx.training, a, b))
+        for i in range(a, b):
+            lf, lb, lw = _layer_times(layers[i], env)
             f, bw, w = f + lf, bw + lb, w + lw
-        recompute = f if ctx.training.recompute == "full" else 0.0
+            recompute += lf if i in again else 0.0
         parts = {"compute": f + bw}
         if recompute:
             parts["recompute"] = recompute
         out.append(ChunkCost(f, bw + recompute, w, parts))
     return out
+
+
+def recomputed_layers(training, a: int, b: int) -> range:
+    """Indices of the layers of the chunk [a, b) whose forward runs again in backward: under full
+    recompute every layer, or the first `recompute_num_layers` where that is set; layer 0 (it takes
+    the token ids) is never recomputed when N is given, as the executor runs it
+    (executor.stages.Chunk)."""
+    if training.recompute != "full":
+        return range(0)
+    if training.recompute_num_layers is None:
+        return range(a, b)
+    start = max(a, 1)
+    return range(start, min(b, start + training.recompute_num_layers))
 
 
 def boundary_bytes(ctx, chunk: int) -> float:
@@ -103,13 +117,14 @@ def pipeline_memory(env, inflight) -> tuple[MemoryEstimate, ...]:
     w, g, o = bytes_per_parameter(t.precision, t.optimizer, p.zero, p.data, t.framework)
     out = []
     for rank in range(p.pipeline):
-        mine = [l for c in range(rank, len(ranges), p.pipeline)
-                for l in layers[ranges[c][0]:ranges[c][1]]]
+        chunks = [ranges[c] for c in range(rank, len(ranges), p.pipeline)]
+        mine = [l for a, b in chunks for l in layers[a:b]]
+        again = {i for a, b in chunks for i in recomputed_layers(t, a, b)}
         params = sum(l.params for l in mine)
-        kept = "output_bytes" if t.recompute == "full" else "activation_bytes"
-        activations = sum(getattr(l, kept) for l in mine) * inflight[rank]
-        if t.recompute == "full" and mine:      # one layer re-run whole for its backward
-            activations += max(l.activation_bytes for l in mine)
+        activations = sum(layers[i].output_bytes if i in again else layers[i].activation_bytes
+                          for a, b in chunks for i in range(a, b)) * inflight[rank]
+        if again:                               # one layer re-run whole for its backward
+            activations += max(layers[i].activation_bytes for i in again)
         allocated = params * (w + g + o) + activations
         reserve = cal.memory.reserve_bytes(allocated, t.framework)
         out.append(MemoryEstimate(params * w, params * g, params * o, activations, reserve,

@@ -68,12 +68,14 @@ def sustained(lt: LayerTimes, oh: Overheads, gpu: GPU, precision: str,
                       lt.bwd_input_s + extra_i, lt.bwd_weight_s + extra_w, recompute, lt.parts)
 
 
-def block_cost(env: StepEnv, *, decoder: bool) -> BlockCost:
+def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> BlockCost:
+    """One block's seconds per micro-batch under `recompute` (default: the scenario's)."""
     ctx, topo, cal, oh = env.ctx, env.topo, env.cal, env.oh
     d, p, t = ctx.dims, ctx.parallel, ctx.training
+    recompute = t.recompute if recompute is None else recompute
     gpu = ctx.system.gpu
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
-                                 t.precision, t.recompute, gpu, cal, decoder=decoder,
+                                 t.precision, recompute, gpu, cal, decoder=decoder,
                                  attention=t.attention, fused_elementwise=t.fused_elementwise,
                                  softmax_fp32=t.attention_softmax_fp32)
     lt = sustained(lt, oh, gpu, t.precision, oh.block_overhead(t.framework), t.framework)
@@ -90,7 +92,7 @@ def block_cost(env: StepEnv, *, decoder: bool) -> BlockCost:
         per_op = collective("allreduce", "auto", nbytes, group, topo)
         ops = 3 if decoder else 2
         tp_f = ops * per_op
-        tp_b = ops * per_op + (tp_f if t.recompute == "full" else 0.0)
+        tp_b = ops * per_op + (tp_f if recompute == "full" else 0.0)
     if p.tp_comm_overlap:
         # Transformer Engine's userbuffers split the GEMMs and move the TP data between chunks,
         # mostly by peer-to-peer copies (copy engines), not NCCL kernels on the SMs: the ideal
@@ -114,20 +116,20 @@ def block_cost(env: StepEnv, *, decoder: bool) -> BlockCost:
         fwd, bwd = fwd + cf, bwd + cb
 
     if p.zero >= 3 and p.data * p.context > 1:
-        fwd, bwd, bwd_w = _fsdp(env, decoder, fwd, bwd, bwd_w, parts,
+        fwd, bwd, bwd_w = _fsdp(env, decoder, fwd, bwd, bwd_w, parts, recompute,
                                 copy_s=lambda nbytes: elementwise_time(2 * nbytes, gpu, cal))
-    fwd, bwd, bwd_w = _host(env, decoder, fwd, bwd, bwd_w, parts)
+    fwd, bwd, bwd_w = _host(env, decoder, fwd, bwd, bwd_w, parts, recompute)
     return BlockCost(fwd, bwd, bwd_w, parts)
 
 
 def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
-          parts: dict[str, float]) -> tuple[float, float, float]:
+          parts: dict[str, float], recompute: str) -> tuple[float, float, float]:
     """A block pass's host time (dispatch and launch per kernel, `simulator.host`) where it is
     exposed: beyond the device time, or all of it when launches block."""
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
                          fused_elementwise=t.fused_elementwise)
-    recomputed = kf if t.recompute == "full" else 0          # a forward again, recording autograd
+    recomputed = kf if recompute == "full" else 0            # a forward again, recording autograd
     hf = host.exposed(fwd, kf, t.launch_blocking)
     hb = host.exposed(bwd, recomputed, t.launch_blocking,
                       backward_kernels=BACKWARD_KERNELS_PER_FORWARD * kf)
@@ -137,7 +139,7 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
 
 
 def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
-          bwd_w: float, parts: dict[str, float], *,
+          bwd_w: float, parts: dict[str, float], recompute: str, *,
           copy_s: Callable[[float], float] = lambda nbytes: 0.0) -> tuple[float, float, float]:
     """ZeRO-3: per-block parameter all-gathers and gradient reduce-scatter (Rajbhandari et al. 2020,
     Sec. 7.2.2). With `overlap_param_gather` (prefetching: DeepSpeed's prefetch buckets, FSDP's
@@ -182,7 +184,7 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
                   for t in tensors)
     else:
         rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
-    regather = ag if (fw.zero3_regather_on_recompute and t.recompute == "full") else 0.0
+    regather = ag if (fw.zero3_regather_on_recompute and recompute == "full") else 0.0
     if p.overlap_param_gather:
         new_f, new_b = oh.overlapped(fwd, ag), oh.overlapped(bwd, ag + regather + rs)
     else:
@@ -195,8 +197,15 @@ def chunk_costs(env: StepEnv) -> list[ChunkCost]:
     """Per model chunk, seconds per micro-batch of a transformer scenario."""
     ctx, cal, oh = env.ctx, env.cal, env.oh
     d, p, t = ctx.dims, ctx.parallel, ctx.training
-    enc = block_cost(env, decoder=False)
-    dec = block_cost(env, decoder=True) if d.arch == "t5" else None
+    kinds: dict[tuple[bool, bool], BlockCost] = {}
+
+    def blocks(decoder: bool, recomputed: bool) -> BlockCost:
+        """A block's cost; under full recompute with `recompute_num_layers`, the blocks past the
+        first N of a chunk are not recomputed."""
+        if (decoder, recomputed) not in kinds:
+            policy = "full" if recomputed else ("none" if t.recompute == "full" else t.recompute)
+            kinds[decoder, recomputed] = block_cost(env, decoder=decoder, recompute=policy)
+        return kinds[decoder, recomputed]
     gpu = ctx.system.gpu
     emb = embedding_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                           t.precision, gpu, cal)
@@ -207,13 +216,13 @@ def chunk_costs(env: StepEnv) -> list[ChunkCost]:
     out = []
     for i, (a, b) in enumerate(ranges):
         n_enc, n_dec = chunk_blocks(d, a, b)
-        f = n_enc * enc.fwd_s + (n_dec * dec.fwd_s if dec else 0.0)
-        bw = n_enc * enc.bwd_s + (n_dec * dec.bwd_s if dec else 0.0)
-        w = n_enc * enc.bwd_weight_s + (n_dec * dec.bwd_weight_s if dec else 0.0)
-        parts = {k: n_enc * v for k, v in enc.parts.items()}
-        if dec is not None:
-            for k, v in dec.parts.items():
-                parts[k] = parts.get(k, 0.0) + n_dec * v
+        f = bw = w = 0.0
+        parts: dict[str, float] = {}
+        for n, decoder, recomputed in _block_groups(t, n_enc, n_dec):
+            c = blocks(decoder, recomputed)
+            f, bw, w = f + n * c.fwd_s, bw + n * c.bwd_s, w + n * c.bwd_weight_s
+            for k, v in c.parts.items():
+                parts[k] = parts.get(k, 0.0) + n * v
         for extra, present, kernels in ((emb, i == 0, EMBEDDING_FORWARD_KERNELS),
                                         (head, i == len(ranges) - 1, HEAD_FORWARD_KERNELS)):
             if present:
@@ -231,6 +240,18 @@ def chunk_costs(env: StepEnv) -> list[ChunkCost]:
             _add(parts, "hp_grad_update", hp)
         out.append(ChunkCost(f, bw, w, parts))
     return out
+
+
+def _block_groups(t, n_enc: int, n_dec: int) -> list[tuple[int, bool, bool]]:
+    """A chunk's blocks as (count, decoder, recomputed): its first `t.recomputed_blocks` blocks
+    (encoder blocks come first in a t5 chunk) are recomputed, as Megatron-LM's block method
+    recomputes the first N layers of each chunk (megatron/core/transformer/transformer_block.py,
+    `_checkpointed_forward`, recompute_method 'block')."""
+    r = t.recomputed_blocks(n_enc + n_dec)
+    r_enc = min(r, n_enc)
+    groups = [(n_enc - r_enc, False, False), (r_enc, False, True),
+              (n_dec - (r - r_enc), True, False), (r - r_enc, True, True)]
+    return [g for g in groups if g[0] > 0]
 
 
 # DeepSpeed's BF16_Optimizer adds every micro-batch's bf16 gradients into fp32 gradient buffers

@@ -33,9 +33,12 @@ MEGATRON_VOCAB_DIVISOR = 128    # Megatron pads the vocab to a multiple of 128 x
 CATALOG_H100_MEMORY_GB = 80     # the catalog's h100-80gb (SXM5, HBM3); other H100s are other GPUs
 # Checkpointing that is neither none, full, nor the simulator's selective (the attention core,
 # Korthikanti et al. 2022 Sec. 5): whole blocks checkpointed for some of the blocks (torchtitan's
-# 'selective layer', fms-fsdp's selective_checkpointing fraction) or an operator policy
-# (torchtitan's 'selective op': every second matmul and all non-matmul ops recomputed).
-_PARTIAL_CHECKPOINTING = re.compile(r"selective (?:layer|op)\b|fraction of (?:the )?blocks", re.I)
+# 'selective layer', fms-fsdp's selective_checkpointing), which is full recompute of that many
+# blocks (`training.recompute_num_layers`) where the rules give the interval n
+# (`recompute_every_nth_block`), or an operator policy (torchtitan's 'selective op': every second
+# matmul and all non-matmul ops recomputed), which the simulator does not express.
+_SOME_BLOCKS = re.compile(r"selective layer\b|fraction of (?:the )?blocks|every n-th block", re.I)
+_OP_POLICY = re.compile(r"selective op\b", re.I)
 
 
 class Skip(Exception):
@@ -336,15 +339,27 @@ def framework(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
     return chosen
 
 
-def recompute(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
-    """none | selective | full from the row's cell, else the rules; checkpointing of some blocks or
-    by an operator policy (`_PARTIAL_CHECKPOINTING`) is none of them and skips the row."""
+def recompute(row: dict[str, str], rules: Rules, notes: list[str], *, layers: int,
+              pipeline: int) -> tuple[str, int | None]:
+    """(none | selective | full, blocks recomputed or None for all) from the row's cell, else the
+    rules. Checkpointing of every n-th block (`_SOME_BLOCKS`) is full recompute of layers // n
+    blocks where the rules give n (`recompute_every_nth_block`; torchtitan and fms-fsdp count the
+    blocks of the whole model, so only without a pipeline); an operator policy (`_OP_POLICY`), or
+    every n-th block with n unknown, skips the row."""
     text = row["recompute"].lower().strip()
     found = None
-    if _PARTIAL_CHECKPOINTING.search(text):
-        raise Skip("unsupported", f"recompute {row['recompute']!r}: checkpoints some blocks or some "
-                   "operators, not none, full or the attention-core recompute the simulator's "
-                   "'selective' is (Korthikanti et al. 2022)")
+    if _SOME_BLOCKS.search(text) and not _OP_POLICY.search(text):
+        nth = rules.value(row, "recompute_every_nth_block", notes)
+        if nth is not None and pipeline == 1:
+            return "full", max(1, layers // nth)
+        why = ("n is not known" if nth is None else
+               f"counted over the whole model, not per pipeline stage (pipeline {pipeline})")
+        raise Skip("unsupported", f"recompute {row['recompute']!r}: checkpoints every n-th block, "
+                   f"{why}")
+    if _OP_POLICY.search(text):
+        raise Skip("unsupported", f"recompute {row['recompute']!r}: checkpoints by an operator "
+                   "policy, not none, full (of some blocks) or the attention-core recompute the "
+                   "simulator's 'selective' is (Korthikanti et al. 2022)")
     if text.startswith(("no", "none")) and not text.startswith("not"):
         found = "none"
     elif "selective" in text:
@@ -354,12 +369,12 @@ def recompute(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
     if found is not None:
         if " at " in text:      # a qualified statement, e.g. Llama 3's 'none at 8K'
             notes.append(f"recompute {found}: the row says {row['recompute']!r}")
-        return found
+        return found, None
     chosen = rules.value(row, "recompute", notes)
     if chosen is None:
         notes.append("recompute none: not stated")
-        return "none"
-    return chosen
+        return "none", None
+    return chosen, None
 
 
 def parallel_section(row: dict[str, str], rules: Rules, plan: tuple[int, int, int, int],

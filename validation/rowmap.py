@@ -129,9 +129,11 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
     if global_batch % (micro * dp):
         raise Skip("inconsistent", f"global batch {global_batch} does not split into micro-batches of "
                    f"{micro} over dp={dp}")
+    recompute, recomputed = cells.recompute(row, rules, notes, layers=model["layers"], pipeline=pp)
     training = {"global_batch": global_batch, "micro_batch": micro,
-                "precision": cells.precision(row, rules, system, notes),
-                "recompute": cells.recompute(row, rules, notes)}
+                "precision": cells.precision(row, rules, system, notes), "recompute": recompute}
+    if recomputed is not None:
+        training["recompute_num_layers"] = recomputed
     training["framework"] = cells.framework(row, rules, notes)
     if rules.value(row, "launch_blocking", notes):
         training["launch_blocking"] = True

@@ -61,7 +61,7 @@ _SETTING_CHECKS = {
     "exclude": ("bool", None), "attention": ("choice", ATTENTION),
     "framework": ("choice", FRAMEWORKS), "launch_blocking": ("bool", None),
     "fused_elementwise": ("bool", None), "attention_softmax_fp32": ("bool", None),
-    "fused_cross_entropy": ("bool", None),
+    "fused_cross_entropy": ("bool", None), "recompute_every_nth_block": ("int", None),
 }
 
 

@@ -38,6 +38,10 @@ GPT = "tiny-gpt-interleaved.yaml"        # pipeline 2, interleaved, tied embeddi
 CASES = {
     "gpt-pp2-1f1b-tied-sgd-full": (GPT, {"parallel__schedule": "1f1b", "parallel__virtual_stages": 1,
                                          "training__optimizer": "sgd", "training__recompute": "full"}),
+    # 2 blocks per chunk: full recompute of the first only, the second keeps its activations
+    "gpt-pp2-1f1b-sgd-full-1": (GPT, {"parallel__schedule": "1f1b", "parallel__virtual_stages": 1,
+                                      "training__optimizer": "sgd", "training__recompute": "full",
+                                      "training__recompute_num_layers": 1}),
     "pp2-dp2-zero1": (LLAMA, {}),
     "pp2-interleaved-v2-selective": (LLAMA, {"cluster__gpus": 2, "parallel__data": 1,
                                              "parallel__schedule": "interleaved-1f1b",
@@ -77,6 +81,8 @@ def test_parallel_run_equals_one_process(case, tmp_path, capsys, monkeypatch):
                  "--save-weights", str(weights)])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
+    assert (result["plan"].get("recompute_num_layers")
+            == CASES[case][1].get("training__recompute_num_layers"))
     want_losses, want = reference_run(load_scenario(path), steps=STEPS)
     assert result["losses"] == pytest.approx(want_losses, rel=RTOL, abs=0)
     last = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])

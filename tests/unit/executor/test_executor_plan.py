@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
+from partita.executor import stages
 from partita.executor.data import DataSpec, TokenStream, check_token_file, replica_samples
 from partita.executor.plan import Coords, execution_plan
-from partita.executor.stages import build_chunks, tied_groups
+from partita.executor.stages import Chunk, build_chunks, tied_groups
 from partita.planner.errors import PartitaError
 from partita.planner.scenario import parse_scenario
 
@@ -68,6 +69,14 @@ def test_data_parallel_mode_per_zero_stage(data, zero, schedule, mode, noted):
     plan = execution_plan(s, 4 * data)
     assert plan.data_parallel == mode and bool(plan.notes()) == noted
     assert plan.to_dict()["data_parallel"] == mode
+
+
+def test_recompute_num_layers_is_carried_and_written_only_when_set():
+    plan = execution_plan(scenario(training__recompute="full", training__recompute_num_layers=1), 8)
+    assert plan.recompute == "full" and plan.recompute_num_layers == 1
+    assert plan.to_dict()["recompute_num_layers"] == 1
+    every = execution_plan(scenario(training__recompute="full"), 8)
+    assert every.recompute_num_layers is None and "recompute_num_layers" not in every.to_dict()
 
 
 def test_explicit_stages_are_used():
@@ -183,3 +192,34 @@ def test_chunks_chain_to_the_whole_model():
     model = build_model(s.model.resolve(), seed=5)
     ids = torch.randint(0, 128, (2, 16))
     torch.testing.assert_close(chunks[1](chunks[0](ids)), model(ids), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("recompute, num_layers, checkpointed", [
+    ("full", 1, 1), ("full", None, 3), ("full", 5, 3), ("selective", None, 3), ("none", None, 0)])
+def test_full_recompute_checkpoints_the_first_n_blocks(recompute, num_layers, checkpointed,
+                                                       monkeypatch):
+    from partita.planner.models import build_model
+    dims = scenario(model__layers=3).model.resolve()
+    calls = []
+
+    def counting(block, *args, **kwargs):
+        calls.append(block)
+        return torch.utils.checkpoint.checkpoint(block, *args, **kwargs)
+
+    monkeypatch.setattr(stages, "checkpoint", counting)
+    ids, targets = torch.randint(0, 128, (2, 2, 16), generator=torch.Generator().manual_seed(1))
+    runs = []
+    for mode, n in ((recompute, num_layers), ("none", None)):
+        model = build_model(dims, seed=3)
+        chunk = Chunk(0, model.pipeline_layers(), model.layer_names(), recompute=mode,
+                      precision="fp32", device_type="cpu", recompute_num_layers=n)
+        out = chunk(ids)
+        model.loss(out, targets).backward()
+        runs.append((chunk, out.detach(), {k: p.grad for k, p in chunk.named_parameters()}))
+    (chunk, out, grads), (_, want_out, want_grads) = runs[0], runs[1]
+    assert chunk.names[1:-1] == ["block.0", "block.1", "block.2"]
+    assert [list(chunk.layers).index(b) for b in calls] == [1, 2, 3][:checkpointed]
+    torch.testing.assert_close(out, want_out, rtol=0, atol=0)
+    assert grads.keys() == want_grads.keys()
+    for name, grad in want_grads.items():
+        torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=0, msg=name)

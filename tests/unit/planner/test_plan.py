@@ -306,3 +306,31 @@ def test_a_cluster_that_is_not_a_mapping_is_one_error_line(tmp_path, capsys, clu
     assert main(["plan", write(tmp_path, doc)]) == 1
     err = capsys.readouterr().err
     assert err.strip().endswith(f"cluster: expected a mapping, got {kind}") and "Traceback" not in err
+
+
+def test_where_only_full_recompute_fits_the_fewest_recomputed_blocks_are_found(tmp_path, capsys):
+    """Full recompute of every block fits, none and selective do not: the search bisects for the
+    least N of --recompute-num-layers that fits (memory falls and time grows with N) and keeps
+    that plan and the all-blocks one, not the probes between."""
+    def evaluate(s):
+        t, p = s.training, s.parallel
+        blocks = 6 // p.pipeline
+        n = t.recomputed_blocks(blocks)
+        cap = 40 * 2**30
+        peak = cap * (1.5 - 0.6 * n / blocks)            # fits from n / blocks >= 5/6
+        step = 1.0 + 0.1 * n + 0.01 * p.tensor
+        return SimpleNamespace(step_time_s=step, tokens_per_s=1e6 / step, mfu=0.4 / step,
+                               bubble_fraction=0.0, peak_memory_bytes=peak,
+                               memory_capacity_bytes=cap, fits_in_memory=peak <= cap)
+
+    r = plan(small(parallel__pipeline=1, parallel__tensor=1, training__micro_batch=1),
+             catalog=CATALOG, evaluate=evaluate)
+    full = [c for c in r.candidates if c.recompute == "full" and c.ok]
+    assert {c.recompute_layers for c in full} == {5, None}
+    assert r.candidates[0].recompute_layers == 5
+    assert r.best["training"]["recompute_num_layers"] == 5
+    assert "recompute_layers" in r.table().columns
+    # a scenario that names N keeps it
+    fixed = plan(small(training__recompute="full", training__recompute_num_layers=6,
+                       parallel__pipeline=1), catalog=CATALOG, evaluate=evaluate)
+    assert {c.recompute_layers for c in fixed.candidates} == {6}

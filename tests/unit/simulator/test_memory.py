@@ -294,3 +294,25 @@ def test_bad_input(cal):
         bytes_per_parameter("bf16", "adam", 4, 1)
     with pytest.raises(PartitaError, match="parallel.schedule: expected one of"):
         activation_microbatches("1f2b", 4, 8)
+
+
+def test_recomputing_some_blocks_keeps_the_others_activations(cal):
+    """--recompute-num-layers N: N blocks keep their input only, the rest all their activations,
+    plus one block whole while it reruns."""
+    kw = dict(micro_batch=2, precision="bf16", optimizer="adam", cal=cal, tp=2, blocks=6,
+              inflight=3.0, flash_attention=False, first=False)
+    inputs = block_activation_bytes(GPT, 2, tp=2, recompute="full", flash_attention=False)
+    whole = block_activation_bytes(GPT, 2, tp=2, recompute="none", flash_attention=False)
+    for n in (1, 4, 6):
+        some = stage_memory(GPT, recompute="full", recomputed=n, **kw)
+        assert some.activations == pytest.approx(3.0 * (n * inputs + (6 - n) * whole) + whole)
+    assert stage_memory(GPT, recompute="full", recomputed=6, **kw) == \
+        stage_memory(GPT, recompute="full", **kw)
+    # a stage's count is the sum over its chunks of min(N, the chunk's blocks)
+    t = TrainingSpec(global_batch=16, recompute="full", recompute_num_layers=2)
+    p = ParallelSpec(pipeline=2, schedule="interleaved-1f1b", virtual_stages=3)
+    chunked = pipeline_memory(GPT, t, p, cal)               # 24 blocks: 6 chunks of 4
+    rank0 = stage_memory(GPT, micro_batch=1, precision="bf16", optimizer="adam", recompute="full",
+                         cal=cal, pipeline=2, blocks=12, first=True, last=False, recomputed=6,
+                         inflight=activation_microbatches("interleaved-1f1b", 2, 16, 0, 3))
+    assert chunked[0].activations == pytest.approx(rank0.activations)

@@ -679,3 +679,49 @@ def test_sustained_fraction_is_looked_up_by_catalog_family(tmp_path):
     assert mine.sustained("a100") == 0.7
     with pytest.raises(PartitaError, match="no value for GPU family 'b200' and no `default`"):
         mine.sustained("b200")
+
+
+def test_recomputing_some_blocks_per_chunk_lies_between_none_and_full():
+    """Megatron-LM's block method (--recompute-num-layers N): the first N blocks of each chunk
+    rerun their forward; the time added and the activations saved scale with N."""
+    catalog = load_catalog()
+
+    def run(recompute, n=None):
+        doc = small(pipeline=2, data=4)               # 8 blocks: 4 per pipeline stage
+        doc["training"]["recompute"] = recompute
+        if n is not None:
+            doc["training"]["recompute_num_layers"] = n
+        return simulate(parse_scenario(doc), catalog)
+
+    none, full = run("none"), run("full")
+    some = {n: run("full", n) for n in (1, 2, 3, 4, 9)}
+    per_block = full.breakdown_s["recompute"] / 4
+    for n in (1, 2, 3):
+        assert some[n].breakdown_s["recompute"] == pytest.approx(n * per_block, rel=1e-9)
+        assert some[n].step_time_s < some[n + 1].step_time_s
+        assert some[n].peak_memory_gib > some[n + 1].peak_memory_gib
+    assert none.step_time_s < some[1].step_time_s
+    assert some[1].peak_memory_gib < none.peak_memory_gib
+    for n in (4, 9):                                  # every block of the chunk, as full recompute
+        assert some[n].step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
+        assert some[n].peak_memory_gib == pytest.approx(full.peak_memory_gib, rel=1e-12)
+
+
+def test_recompute_num_layers_round_trips_and_needs_full_recompute(tmp_path, capsys):
+    doc = small()
+    doc["training"].update(recompute="full", recompute_num_layers=2)
+    s = parse_scenario(doc)
+    assert s.training.recompute_num_layers == 2 and s.training.recomputed_blocks(5) == 2
+    assert parse_scenario(s.to_dict()) == s
+    assert "recompute_num_layers" not in parse_scenario(small()).to_dict()["training"]
+    for training, message in (
+            ({"recompute": "selective", "recompute_num_layers": 2},
+             "training.recompute_num_layers: only with recompute full (recompute is selective"),
+            ({"recompute": "full", "recompute_num_layers": 0}, "must be >= 1, got 0"),
+            ({"recompute": "full", "recompute_num_layers": "half"}, "expected an integer")):
+        bad = small()
+        bad["training"].update(training)
+        path = write(tmp_path, "bad.yaml", bad)
+        assert main(["simulate", path]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]

@@ -610,3 +610,23 @@ def test_fit_recovers_a_fraction_and_gives_unseen_families_the_median():
     assert v["sustained_matmul_fraction.v100"] == v["sustained_matmul_fraction.a100"]
     assert v["sustained_matmul_fraction.h100"] == v["sustained_matmul_fraction.a100"]
     assert result.rows == ("R0", "R1", "R2")
+
+
+@pytest.mark.parametrize("pp, expected", [("1", 12), ("2", None)])
+def test_every_nth_block_checkpointing_is_full_recompute_of_that_many_blocks(tmp_path, pp, expected):
+    """torchtitan's 'selective layer' AC checkpoints every n-th block of the whole model: with n
+    from the rules, full recompute of layers // n blocks (recompute_num_layers); counted over the
+    whole model it is not Megatron's per-chunk count, so a pipelined row is skipped."""
+    rules = tmp_path / "rowmap.yaml"
+    rules.write_text("sources: {MINE: {recompute_every_nth_block: {value: 2, why: w}}}\n")
+    row = {**_user_row("ac"), "recompute": "selective layer AC (every n-th block)", "pp": pp,
+           "dp": str(8 // int(pp))}
+    m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules(rules))
+    if expected is None:
+        assert isinstance(m, SkippedRow) and m.kind == "unsupported" and "pipeline 2" in m.reason
+    else:
+        assert m.document["training"]["recompute"] == "full"
+        assert m.document["training"]["recompute_num_layers"] == expected
+        assert any(a.startswith("recompute_every_nth_block 2: w") for a in m.assumptions)
+    plain = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
+    assert isinstance(plain, SkippedRow) and "n is not known" in plain.reason
