@@ -66,9 +66,9 @@ Optimizers = torch.optim.Optimizer | Iterable[torch.optim.Optimizer] | None
 def plan_fingerprint(scenario) -> str:
     """`<12 hex digits> (<plan in brief>)`: a hash of everything that fixes the checkpoint's layout.
 
-    Covers the model shape, the parallel degrees, schedule, ZeRO stage and stage ranges, and the
-    micro-batching, precision and optimizer; not the cluster name, recompute or overlap switches,
-    which change neither the saved tensors nor what a step computes.
+    Covers the model shape, the parallel degrees, schedule, ZeRO stage (and data_shard, when set)
+    and stage ranges, and the micro-batching, precision and optimizer; not the cluster name,
+    recompute or overlap switches, which change neither the saved tensors nor what a step computes.
     """
     facts = _plan_facts(scenario)
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
@@ -86,11 +86,12 @@ def _plan_facts(scenario) -> dict[str, Any]:
         else scenario.model.to_dict()
     brief = (f"{dims.name or dims.arch} L{dims.total_layers} H{dims.hidden} S{dims.seq_len}"
              if dims is not None else f"{scenario.model.module} S{scenario.model.seq_len}")
-    return {"model": model, "model_brief": brief,
-            "parallel": {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data,
-                         "context": p.context, "schedule": p.schedule,
-                         "virtual_stages": p.virtual_stages, "zero": p.zero,
-                         "stages": [list(s) for s in p.stages] if p.stages else None},
+    parallel = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
+                "schedule": p.schedule, "virtual_stages": p.virtual_stages, "zero": p.zero,
+                "stages": [list(s) for s in p.stages] if p.stages else None}
+    if p.data_shard is not None:
+        parallel["data_shard"] = p.data_shard
+    return {"model": model, "model_brief": brief, "parallel": parallel,
             "training": {"global_batch": t.global_batch, "micro_batch": t.micro_batch,
                          "microbatches": t.global_batch // (t.micro_batch * p.data),
                          "precision": t.precision, "optimizer": t.optimizer}}
@@ -100,8 +101,9 @@ def _plan_summary(facts: dict[str, Any]) -> str:
     p, t = facts["parallel"], facts["training"]
     virtual = f" x{p['virtual_stages']}" if p["virtual_stages"] > 1 else ""
     stages = json.dumps(p["stages"]) if p["stages"] else "even"
+    shard = f" shard{p['data_shard']}" if "data_shard" in p else ""
     return (f"{facts['model_brief']}; tp{p['tensor']} pp{p['pipeline']} dp{p['data']} "
-            f"cp{p['context']} {p['schedule']}{virtual} zero{p['zero']}; stages {stages}; "
+            f"cp{p['context']} {p['schedule']}{virtual} zero{p['zero']}{shard}; stages {stages}; "
             f"batch {t['global_batch']} = {t['microbatches']} x {t['micro_batch']} x dp; "
             f"{t['precision']} {t['optimizer']}")
 

@@ -33,6 +33,12 @@ Data parallelism, by ZeRO stage (Rajbhandari et al. 2020):
   Not with zero-bubble: resharding between the input and weight halves of the backward gives
   wrong gradients (2e-4 relative loss error after 5 steps, torch 2.13); it runs as ZeRO-2 there.
 `replicate` is not used: under 1F1B its weights drift 20% from the reference after 3 steps.
+
+Hybrid sharding (`data_shard`, FSDP's HYBRID_SHARD): ZeRO 1 to 3 shard over groups of `shard`
+consecutive data-parallel ranks (times the context ranks) and replicate across the groups: FSDP2
+on a 2-D (dp_replicate, dp_shard_cp) mesh gathers parameters and reduce-scatters gradients within
+the shard group, then all-reduces each gradient shard over the replica group (the ranks at the same
+place in every shard group) and averages over both, as over the whole group without it.
 """
 from __future__ import annotations
 
@@ -50,12 +56,29 @@ ROWWISE = ("o_proj", "down_proj")
 BUCKET_BYTES = 25 * MIB          # DDP's default bucket_cap_mb
 
 
-def build_mesh(plan: ExecPlan, device_type: str) -> tuple[DeviceMesh, DeviceMesh]:
-    """The (pp, dp, cp, tp) mesh, slowest first, and its dp and cp dimensions flattened into one
-    (the replicas that average gradients)."""
+def mesh_dims(plan: ExecPlan) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """Names and sizes, slowest first, of the device mesh: (pp, dp, cp, tp), and under hybrid
+    sharding dp split into (dp_replicate, dp_shard), so that a shard group is `shard` consecutive
+    data-parallel ranks (ExecPlan.shard_groups) and a replica group one rank of each."""
     names, shape = plan.ranks.mesh(("pp", "dp", "cp", "tp"))
+    if plan.shard_replicas == 1:
+        return names, shape
+    i = names.index("dp")
+    return (names[:i] + ("dp_replicate", "dp_shard") + names[i + 1:],
+            shape[:i] + (plan.shard_replicas, plan.shard) + shape[i + 1:])
+
+
+def build_mesh(plan: ExecPlan, device_type: str) -> tuple[DeviceMesh, DeviceMesh]:
+    """The device mesh (`mesh_dims`) and the mesh of the replicas that average gradients: dp and cp
+    flattened into one dimension; under hybrid sharding the 2-D (dp_replicate, dp_shard_cp) mesh,
+    over which FSDP2 shards along the second dimension and replicates along the first (HSDP)."""
+    names, shape = mesh_dims(plan)
     mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
-    return mesh, mesh["dp", "cp"]._flatten("dp_cp")
+    if plan.shard_replicas == 1:
+        return mesh, mesh["dp", "cp"]._flatten("dp_cp")
+    dp_cp = mesh["dp_replicate", "dp_shard", "cp"]._flatten("dp_cp")
+    return mesh, dp_cp._unflatten(0, (plan.shard_replicas, plan.shard * plan.context),
+                                  ("dp_replicate", "dp_shard_cp"))
 
 
 def apply_tensor_parallel(chunk: Chunk, tp_mesh: DeviceMesh) -> None:
@@ -121,9 +144,9 @@ def _redistribute(x: torch.Tensor, mesh: DeviceMesh, have, want) -> torch.Tensor
 
 
 def apply_data_parallel(chunk: Chunk, dp_mesh: DeviceMesh, mode: str) -> None:
-    """FSDP2 over the data group (mode "fsdp" or "fsdp-reshard", ExecPlan.data_parallel): each
-    layer that shares no parameter with another layer of the chunk is its own unit (one layer's
-    parameters gathered at a time), then the chunk."""
+    """FSDP2 over the data group (mode "fsdp" or "fsdp-reshard", ExecPlan.data_parallel; a 2-D
+    `dp_mesh`: hybrid sharding): each layer that shares no parameter with another layer of the
+    chunk is its own unit (one layer's parameters gathered at a time), then the chunk."""
     if not mode.startswith("fsdp"):
         return
     from torch.distributed.fsdp import fully_shard

@@ -68,6 +68,8 @@ class ExecPlan:
     context: int = 1                      # context-parallel degree (executor/context.py)
     recompute_num_layers: int | None = None   # recompute full: blocks recomputed per chunk (the
                                               # first N); None: every block
+    data_shard: int | None = None         # ZeRO shard group: this many consecutive data-parallel
+                                          # ranks, replicated across the groups; None: all `data`
 
     @property
     def microbatches(self) -> int:
@@ -97,6 +99,33 @@ class ExecPlan:
     def replicas(self) -> int:
         """Ranks that hold the same parameters and average their gradients: data x context."""
         return self.data * self.context
+
+    @property
+    def shard(self) -> int:
+        """Data-parallel ranks one ZeRO shard group spans (`data_shard`, else all `data`)."""
+        return self.data if self.data_shard is None else self.data_shard
+
+    @property
+    def shard_replicas(self) -> int:
+        """Copies of each ZeRO shard (hybrid sharding): data / shard, 1 without `data_shard`."""
+        return self.data // self.shard
+
+    def shard_groups(self) -> list[list[int]]:
+        """The ZeRO shard groups: per (pp, tp) and run of `shard` consecutive data-parallel ranks,
+        those ranks times every context rank, ascending. Parameters are gathered and gradients
+        reduce-scattered within one; without hybrid sharding it is the data x context group."""
+        return sorted(sorted(self.rank_of(Coords(pp=pp, dp=g * self.shard + s, tp=tp, cp=cp))
+                             for s in range(self.shard) for cp in range(self.context))
+                      for pp in range(self.pipeline) for tp in range(self.tensor)
+                      for g in range(self.shard_replicas))
+
+    def replica_groups(self) -> list[list[int]]:
+        """The ranks that hold the same ZeRO shard, one per shard group (the same index in each,
+        the same tp, cp, pp), ascending: gradient shards are all-reduced over one."""
+        return sorted([self.rank_of(Coords(pp=pp, dp=g * self.shard + s, tp=tp, cp=cp))
+                       for g in range(self.shard_replicas)]
+                      for pp in range(self.pipeline) for tp in range(self.tensor)
+                      for s in range(self.shard) for cp in range(self.context))
 
     def stages_of(self, pp_rank: int) -> tuple[int, ...]:
         """The model chunks pipeline rank `pp_rank` holds: r, r + p, r + 2p, ... (looped placement)."""
@@ -147,6 +176,8 @@ class ExecPlan:
                "sequence_parallel": self.sequence_parallel, "context": self.context}
         if self.recompute_num_layers is not None:
             out["recompute_num_layers"] = self.recompute_num_layers
+        if self.data_shard is not None:
+            out["data_shard"] = self.data_shard
         return out
 
 
@@ -168,9 +199,10 @@ def execution_plan(scenario: Scenario, gpus: int) -> ExecPlan:
         name=scenario.name, arch=dims.arch, world=gpus, tensor=p.tensor, pipeline=p.pipeline,
         data=p.data, schedule=p.schedule, virtual_stages=p.virtual_stages, chunks=tuple(chunks),
         blocks=dims.total_layers, global_batch=t.global_batch, micro_batch=t.micro_batch,
-        seq_len=dims.seq_len, vocab=dims.vocab, zero=p.zero, precision=t.precision,
-        recompute=t.recompute, recompute_num_layers=t.recompute_num_layers, optimizer=t.optimizer,
-        sequence_parallel=p.sequence_parallel and p.tensor > 1, context=p.context)
+        seq_len=dims.seq_len, vocab=dims.vocab, zero=p.zero, data_shard=p.data_shard,
+        precision=t.precision, recompute=t.recompute, recompute_num_layers=t.recompute_num_layers,
+        optimizer=t.optimizer, sequence_parallel=p.sequence_parallel and p.tensor > 1,
+        context=p.context)
 
 
 def module_layer_names(scenario: Scenario) -> list[str]:
@@ -225,7 +257,7 @@ def _module_plan(scenario: Scenario, gpus: int, where: str) -> ExecPlan:
         data=p.data, schedule=p.schedule, virtual_stages=p.virtual_stages,
         chunks=tuple(tuple(c) for c in chunk_ranges(len(names), p)), blocks=len(names),
         global_batch=t.global_batch, micro_batch=t.micro_batch, seq_len=m.seq_len, vocab=m.vocab,
-        zero=p.zero, precision=t.precision, recompute=t.recompute,
+        zero=p.zero, data_shard=p.data_shard, precision=t.precision, recompute=t.recompute,
         recompute_num_layers=t.recompute_num_layers, optimizer=t.optimizer, module=m.module)
 
 

@@ -142,8 +142,9 @@ def check_host_memory(scenario: Scenario, plan: ExecPlan, nproc: int, backend: s
         params = profile_module(scenario.model, micro_batch=1,
                                 precision=plan.precision).total_params
     model_bytes = params * element_bytes(plan.precision)
-    weights = model_bytes * (1 if plan.zero >= 3 else plan.data)    # ZeRO-3: sharded over data
-    grads = model_bytes * (1 if plan.zero >= 2 else plan.data)      # ZeRO-2: gradients too
+    copies = plan.shard_replicas                # sharded copies: one per shard group (data_shard)
+    weights = model_bytes * (copies if plan.zero >= 3 else plan.data)   # ZeRO-3: sharded over data
+    grads = model_bytes * (copies if plan.zero >= 2 else plan.data)     # ZeRO-2: gradients too
     need = (weights + grads) * nproc / plan.world                   # this machine's share
     if need > available:
         where = f"{scenario.origin}: " if scenario.origin else ""

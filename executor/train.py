@@ -74,7 +74,8 @@ class RankRun:
                 apply_tensor_parallel(chunk, mesh["tp"])
             if self.plan.replicas > 1:
                 apply_data_parallel(chunk, replicas, self.plan.data_parallel)
-        self.dp_group = replicas.get_group()       # gradients average over data x context
+        # ZeRO-0's gradient all-reduce over data x context (a 2-D mesh: hybrid sharding, ZeRO >= 1)
+        self.dp_group = replicas.get_group() if replicas.ndim == 1 else None
         self.tied = TiedGradients(self.plan, groups, rank)
         self.pipe = [pipeline_stage(chunk, self.plan, self.device, mesh["pp"].get_group())
                      for chunk in self.chunks]

@@ -58,9 +58,10 @@ def usable_bytes(memory_bytes: int, *, headroom: float = DEFAULT_HEADROOM) -> fl
 
 def bytes_per_parameter(training: TrainingSpec, parallel: ParallelSpec) -> float:
     """Weights + gradients + optimizer state per parameter on one GPU (Rajbhandari et al. 2020,
-    Sec. 5: 2 + 2 + 12 bytes for mixed-precision Adam, sharded by ZeRO stage over data*context)."""
+    Sec. 5: 2 + 2 + 12 bytes for mixed-precision Adam, sharded by ZeRO stage over the shard group
+    (`ParallelSpec.shard`, all of data without hybrid sharding) times context)."""
     wide = training.precision in ("fp32", "tf32")
-    shard = parallel.data * parallel.context
+    shard = parallel.shard * parallel.context
     w = 4.0 if wide else 2.0
     g = 4.0 if (wide or training.precision != "fp16") and parallel.zero < 2 else 2.0
     o = OPTIMIZER_STATE_BYTES.get(training.optimizer, 8.0) + (0.0 if wide else 4.0)

@@ -69,6 +69,9 @@ class PlanSpec:
         return (self.fixed["zero"],) if "zero" in self.fixed else ZERO_ORDER
 
     def admits(self, lay: Layout) -> bool:
+        shard = self.fixed.get("data_shard")
+        if shard is not None and lay.data % shard:
+            return False                     # a given ZeRO shard group must divide the replicas
         if self.executable:
             m = self.scenario.training.global_batch // (lay.micro_batch * lay.data)
             if self.dims.kv_heads % lay.tensor or m < lay.pipeline:

@@ -27,7 +27,7 @@ TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optim
                  "fused_cross_entropy", "recompute_num_layers")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
-                 "overlap_param_gather", "tp_comm_overlap")
+                 "overlap_param_gather", "tp_comm_overlap", "data_shard")
 
 # Upper bounds on sizes, far above any real job, so that a typo (1e30 layers, 10^9 GPUs) is an error
 # naming the limit instead of a simulation that allocates per layer or micro-batch without end.
@@ -112,6 +112,20 @@ class ParallelSpec:
     tp_comm_overlap: bool = False                       # TP collectives hidden behind GEMMs (TE userbuffers)
     grad_reduce: str = "auto"
     stages: tuple[tuple[int, int], ...] | None = None   # block ranges [start, stop) per model chunk
+    data_shard: int | None = None       # ZeRO shards over groups of this many data-parallel ranks
+                                        # and replicates across the groups (FSDP HYBRID_SHARD,
+                                        # torchtitan's dp_shard, DeepSpeed MiCS); None: all of them
+
+    @property
+    def shard(self) -> int:
+        """Data-parallel ranks one ZeRO shard group spans (`data_shard`, else all `data`)."""
+        return self.data if self.data_shard is None else self.data_shard
+
+    @property
+    def replicas(self) -> int:
+        """Copies of each ZeRO shard: data-parallel ranks / shard group size (1 without
+        `data_shard`)."""
+        return self.data // self.shard
 
     @property
     def model_parallel(self) -> int:
@@ -180,6 +194,8 @@ class Scenario:
                 par["tp_comm_overlap"] = True
             if p.stages is not None:
                 par["stages"] = [list(s) for s in p.stages]
+            if p.data_shard is not None:
+                par["data_shard"] = p.data_shard
             out["parallel"] = par
         return out
 
@@ -361,7 +377,21 @@ def _parse_parallel(c: Checker) -> ParallelSpec:
         overlap_param_gather=c.bool("overlap_param_gather", True),
         tp_comm_overlap=c.bool("tp_comm_overlap", False),
         grad_reduce=c.choice("grad_reduce", GRAD_REDUCE, "auto"),
-        stages=_parse_stages(c))
+        stages=_parse_stages(c), data_shard=_data_shard(c, zero))
+
+
+def _data_shard(c: Checker, zero: int) -> int | None:
+    """parallel.data_shard: ZeRO's shard group, a divisor of `data`; only with a ZeRO stage."""
+    n = c.int("data_shard", None, maximum=_lim(c, "data"))
+    if n is None:
+        return None
+    if zero < 1:
+        raise c.error(f"only with zero 1, 2 or 3 (zero is {zero}: nothing is sharded), got {n}",
+                      "data_shard")
+    data = c.int("data", None, maximum=_lim(c, "data"))
+    if data is not None and data % n:           # without data, `partita plan` keeps to divisors
+        raise c.error(f"must divide parallel.data ({data}), got {n}", "data_shard")
+    return n
 
 
 def _parse_stages(c: Checker) -> tuple[tuple[int, int], ...] | None:
@@ -395,6 +425,8 @@ def check_plan(s: Scenario, gpus: int, dims: TransformerDims | None = None) -> N
     if p.gpus != gpus:
         raise fail(f"parallel: tensor*pipeline*context*data = {p.tensor}*{p.pipeline}*{p.context}*"
                    f"{p.data} = {p.gpus}, but cluster has {gpus} GPUs")
+    if p.data % p.shard:
+        raise fail(f"parallel.data_shard ({p.data_shard}) must divide parallel.data ({p.data})")
     if t.global_batch % (t.micro_batch * p.data):
         raise fail(f"training.global_batch ({t.global_batch}) must be divisible by "
                    f"micro_batch*data ({t.micro_batch}*{p.data} = {t.micro_batch * p.data})")

@@ -277,7 +277,8 @@ class _Run:
             overlap_grad_reduce=fixed.get("overlap_grad_reduce", True),
             overlap_param_gather=fixed.get("overlap_param_gather", True),
             tp_comm_overlap=fixed.get("tp_comm_overlap", False), grad_reduce=grad_reduce,
-            stages=stages if stages is not None else fixed.get("stages"))
+            stages=stages if stages is not None else fixed.get("stages"),
+            data_shard=fixed.get("data_shard"))
         cluster = replace(s.cluster, system=lay.system, gpus=lay.gpus, nodes=None)
         training = replace(s.training, micro_batch=lay.micro_batch, recompute=lay.recompute,
                            recompute_num_layers=self.recompute_layers(lay))

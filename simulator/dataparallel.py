@@ -9,6 +9,10 @@ other; only the last bucket of the rank's last chunk cannot overlap at all. Algo
   then after the update an all-gather of the 16-bit parameters, hidden behind the next step's
   forward when `overlap_param_gather` (Megatron-Core `--overlap-param-gather`).
 - zero 3: reduced per block inside the backward (see stagecosts); nothing left at the end.
+With hybrid sharding (`parallel.data_shard`) ZeRO's collectives run within the shard group and the
+gradient shard is then all-reduced across the replicas (FSDP HYBRID_SHARD, `_reduce_grad`: a
+reduce-scatter in the shard group, then an all-reduce of the shard in the inter-node group;
+Megatron-Core's distributed optimizer instances do the same).
 """
 from __future__ import annotations
 
@@ -31,8 +35,19 @@ SGD_BYTES_PER_PARAM = 22.0
 
 
 def _dp_group(ctx: StepContext) -> Group:
-    shape = ctx.placement.dp_group()
+    return _group(ctx.placement.dp_group())
+
+
+def _group(shape) -> Group:
     return Group(shape.n, shape.per_node, concurrent=shape.per_node * shape.sharing)
+
+
+def shard_groups(ctx: StepContext) -> tuple[Group, Group | None]:
+    """(the ZeRO shard group, the replica group or None without hybrid sharding)."""
+    p = ctx.parallel
+    if p.shard == p.data:
+        return _dp_group(ctx), None
+    return _group(ctx.placement.shard_group(p.shard)), _group(ctx.placement.replica_group(p.shard))
 
 
 def reduction_time(env: StepEnv, params: float) -> float:
@@ -41,12 +56,15 @@ def reduction_time(env: StepEnv, params: float) -> float:
     p = ctx.parallel
     if p.data <= 1 or p.zero >= 3 or params <= 0:
         return 0.0
-    group = _dp_group(ctx)
     nbytes = params * grad_bytes(ctx.training.precision)
     if p.zero == 0:
-        return collective("allreduce", p.grad_reduce, nbytes, group, topo)
+        return collective("allreduce", p.grad_reduce, nbytes, _dp_group(ctx), topo)
     # A sharded optimizer reduce-scatters: NCCL runs it as a ring whatever grad_reduce says.
-    return collective("reduce_scatter", "ring", nbytes, group, topo)
+    shard, replicas = shard_groups(ctx)
+    t = collective("reduce_scatter", "ring", nbytes, shard, topo)
+    if replicas is not None:
+        t += collective("allreduce", "auto", nbytes / p.shard, replicas, topo)
+    return t
 
 
 def param_gather_time(env: StepEnv, params: float) -> float:
@@ -57,7 +75,7 @@ def param_gather_time(env: StepEnv, params: float) -> float:
     if p.data <= 1 or p.zero not in (1, 2):
         return 0.0
     e = element_bytes(ctx.training.precision)
-    return collective("all_gather", "auto", params * e, _dp_group(ctx), topo)
+    return collective("all_gather", "auto", params * e, shard_groups(ctx)[0], topo)
 
 
 def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[float], *,
@@ -109,7 +127,7 @@ def optimizer_time(env: StepEnv, params: Sequence[float]) -> float:
     per_rank = max(sum(params[c] for c in range(r, len(params), p.pipeline))
                    for r in range(p.pipeline))
     if p.zero >= 1:
-        per_rank /= p.data * p.context
+        per_rank /= p.shard * p.context
     per_param = ADAM_BYTES_PER_PARAM if t.optimizer == "adam" else SGD_BYTES_PER_PARAM
     nbytes = per_rank * per_param
     gpu = ctx.system.gpu

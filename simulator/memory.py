@@ -191,7 +191,8 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     decoder blocks (default: the whole model), `inflight` micro-batches of `activation_model`'s
     activations. Under full recompute, `recomputed` of those blocks (encoder blocks first; default
     all) keep only their input, the others all their activations
-    (`TrainingSpec.recompute_num_layers`)."""
+    (`TrainingSpec.recompute_num_layers`). ZeRO shards over `dp` x `cp` ranks: the data-parallel
+    ranks of one shard group (`ParallelSpec.shard`) times the context-parallel ones."""
     if blocks is None:
         blocks, decoder_blocks = dims.layers, dims.decoder_layers
     shard = dp * cp
@@ -284,7 +285,7 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
         out.append(stage_memory(
             dims, micro_batch=training.micro_batch, precision=training.precision,
             optimizer=training.optimizer, recompute=training.recompute, cal=cal,
-            tp=parallel.tensor, dp=parallel.data, cp=parallel.context,
+            tp=parallel.tensor, dp=parallel.shard, cp=parallel.context,
             sp=parallel.sequence_parallel, zero=parallel.zero, pipeline=p, blocks=enc,
             decoder_blocks=dec, first=(rank == 0), last=(rank == p - 1), inflight=held,
             flash_attention=flash_attention, framework=training.framework,

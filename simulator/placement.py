@@ -71,6 +71,15 @@ class Placement:
     def dp_group(self) -> GroupShape:
         return self._group(self.ranks.stride("dp"), self.data)
 
+    def shard_group(self, shard: int) -> GroupShape:
+        """A ZeRO shard group: `shard` consecutive data-parallel ranks (`ParallelSpec.data_shard`)."""
+        return self._group(self.ranks.stride("dp"), shard)
+
+    def replica_group(self, shard: int) -> GroupShape:
+        """The data-parallel ranks at one position of every shard group, which all-reduce that
+        position's gradient shard (FSDP HYBRID_SHARD's inter-node group)."""
+        return self._group(self.ranks.stride("dp") * shard, self.data // shard)
+
     def pp_neighbours_same_node(self) -> tuple[bool, ...]:
         """For each boundary between pipeline rank i and i+1: are the two ranks on one node?
 

@@ -114,7 +114,7 @@ def pipeline_memory(env, inflight) -> tuple[MemoryEstimate, ...]:
     p, t = ctx.parallel, ctx.training
     layers = ctx.profile.layers
     ranges = chunk_ranges(len(layers), p)
-    w, g, o = bytes_per_parameter(t.precision, t.optimizer, p.zero, p.data, t.framework)
+    w, g, o = bytes_per_parameter(t.precision, t.optimizer, p.zero, p.shard, t.framework)
     out = []
     for rank in range(p.pipeline):
         chunks = [ranges[c] for c in range(rank, len(ranges), p.pipeline)]

@@ -115,7 +115,7 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
         _add(parts, "cp_comm", cf + cb)
         fwd, bwd = fwd + cf, bwd + cb
 
-    if p.zero >= 3 and p.data * p.context > 1:
+    if p.zero >= 3 and p.shard * p.context > 1:
         fwd, bwd, bwd_w = _fsdp(env, decoder, fwd, bwd, bwd_w, parts, recompute,
                                 copy_s=lambda nbytes: elementwise_time(2 * nbytes, gpu, cal))
     fwd, bwd, bwd_w = _host(env, decoder, fwd, bwd, bwd_w, parts, recompute)
@@ -165,7 +165,7 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
     ctx, topo, oh = env.ctx, env.topo, env.oh
     p, t = ctx.parallel, ctx.training
     params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
-    shape = ctx.placement.dp_group()
+    shape = ctx.placement.shard_group(p.shard)
     group = Group(shape.n * p.context if p.context > 1 else shape.n, shape.per_node,
                   concurrent=shape.per_node * shape.sharing)
     e = element_bytes(t.precision)
@@ -184,6 +184,11 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
                   for t in tensors)
     else:
         rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
+    if p.replicas > 1:              # hybrid sharding: the gradient shard across the replicas
+        rep = ctx.placement.replica_group(p.shard)
+        rs += collective("allreduce", "auto", params / group.ranks * FSDP_GRAD_BYTES,
+                         Group(rep.n, rep.per_node, concurrent=rep.per_node * rep.sharing),
+                         topo) * slow
     regather = ag if (fw.zero3_regather_on_recompute and recompute == "full") else 0.0
     if p.overlap_param_gather:
         new_f, new_b = oh.overlapped(fwd, ag), oh.overlapped(bwd, ag + regather + rs)

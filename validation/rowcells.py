@@ -393,6 +393,9 @@ def parallel_section(row: dict[str, str], rules: Rules, plan: tuple[int, int, in
         value = rules.value(row, key, notes)
         if value is not None:
             out[key] = bool(value)
+    shard = rules.value(row, "data_shard", notes)
+    if shard is not None:
+        out["data_shard"] = int(shard)
     stages = _uneven_stages(_layers(model), pp * virtual, notes) if pp > 1 else None
     if stages is not None:
         out["stages"] = stages
@@ -400,7 +403,8 @@ def parallel_section(row: dict[str, str], rules: Rules, plan: tuple[int, int, in
 
 
 def zero_stage(row: dict[str, str], rules: Rules, notes: list[str]) -> int:
-    """ZeRO stage from 'ZeRO-1', 'FSDP FULL_SHARD' (3), 'SHARD_GRAD_OP' (2), 'ZeRO stage 2', ..."""
+    """ZeRO stage from 'ZeRO-1', 'FSDP FULL_SHARD' or 'HYBRID_SHARD' (3; its shard group is the
+    rules' `data_shard`), 'SHARD_GRAD_OP' (2), 'ZeRO stage 2', ..."""
     text = row["other_parallelism"].lower()
     if "shard_grad_op" in text:
         return 2
@@ -408,7 +412,7 @@ def zero_stage(row: dict[str, str], rules: Rules, notes: list[str]) -> int:
         notes.append("zero 2: FSDP without resharding after forward keeps parameters gathered "
                      "through backward and shards gradients and optimizer state (ZeRO-2)")
         return 2
-    if "full_shard" in text:
+    if "full_shard" in text or "hybrid_shard" in text:     # HYBRID_SHARD: FULL_SHARD in a group
         return 3
     m = re.search(r"stage\s*(\d)", text) or re.search(r"zero-(\d)\b", text)
     if m and "zero" in text:

@@ -62,6 +62,7 @@ _SETTING_CHECKS = {
     "framework": ("choice", FRAMEWORKS), "launch_blocking": ("bool", None),
     "fused_elementwise": ("bool", None), "attention_softmax_fp32": ("bool", None),
     "fused_cross_entropy": ("bool", None), "recompute_every_nth_block": ("int", None),
+    "data_shard": ("int", None),
 }
 
 

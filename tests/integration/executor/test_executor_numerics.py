@@ -59,6 +59,13 @@ CASES = {
                                      "parallel__virtual_stages": 1, "training__optimizer": "sgd"}),
     "dp2-zero0-zero-bubble": (LLAMA, {"cluster__gpus": 2, "parallel__pipeline": 1, "parallel__zero": 0,
                                       "parallel__schedule": "zero-bubble"}),
+    # hybrid sharding: ZeRO over ranks {0, 1} and {2, 3}, gradient shards all-reduced over
+    # {0, 2} and {1, 3}
+    "dp4-shard2-zero3": (LLAMA, {"parallel__pipeline": 1, "parallel__data": 4,
+                                 "parallel__data_shard": 2, "parallel__zero": 3}),
+    # shard groups of one rank: nothing sharded, whole gradients all-reduced over {0, 1}
+    "dp2-shard1-zero1": (LLAMA, {"cluster__gpus": 2, "parallel__pipeline": 1,
+                                 "parallel__data_shard": 1}),
 }
 
 
@@ -81,8 +88,8 @@ def test_parallel_run_equals_one_process(case, tmp_path, capsys, monkeypatch):
                  "--save-weights", str(weights)])
     assert code == 0
     result = json.loads(capsys.readouterr().out)
-    assert (result["plan"].get("recompute_num_layers")
-            == CASES[case][1].get("training__recompute_num_layers"))
+    for key in ("training__recompute_num_layers", "parallel__data_shard"):
+        assert result["plan"].get(key.split("__")[1]) == CASES[case][1].get(key)
     want_losses, want = reference_run(load_scenario(path), steps=STEPS)
     assert result["losses"] == pytest.approx(want_losses, rel=RTOL, abs=0)
     last = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])

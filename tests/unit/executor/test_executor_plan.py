@@ -79,6 +79,72 @@ def test_recompute_num_layers_is_carried_and_written_only_when_set():
     assert every.recompute_num_layers is None and "recompute_num_layers" not in every.to_dict()
 
 
+def test_data_shard_is_carried_and_written_only_when_set():
+    plan = execution_plan(scenario(parallel__data=4, parallel__zero=3, parallel__data_shard=2,
+                                   cluster__gpus=16), 16)
+    assert (plan.data_shard, plan.shard, plan.shard_replicas) == (2, 2, 2)
+    assert plan.to_dict()["data_shard"] == 2 and plan.to_dict()["data_parallel"] == "fsdp-reshard"
+    whole = execution_plan(scenario(parallel__zero=3), 8)
+    assert (whole.data_shard, whole.shard, whole.shard_replicas) == (None, 2, 1)
+    assert "data_shard" not in whole.to_dict()
+
+
+HYBRID = {"parallel__data": 4, "parallel__zero": 3, "parallel__data_shard": 2}
+
+
+def _mesh_groups(plan, dims: tuple[str, ...]) -> list[list[int]]:
+    """The groups torch's device mesh (executor/parallel.py mesh_dims) forms over `dims`: every
+    rank numbered row-major, as init_device_mesh numbers them."""
+    from partita.executor.parallel import mesh_dims
+    names, shape = mesh_dims(plan)
+    grid = np.arange(plan.world).reshape(shape)
+    axes = [names.index(d) for d in dims]
+    moved = np.moveaxis(grid, axes, range(-len(axes), 0))
+    size = int(np.prod([shape[a] for a in axes]))
+    return sorted(sorted(g) for g in moved.reshape(-1, size).tolist())
+
+
+@pytest.mark.parametrize("changes", [
+    {"parallel__tensor": 2, "parallel__pipeline": 2, "cluster__gpus": 16},
+    {"parallel__tensor": 1, "parallel__pipeline": 1, "parallel__context": 2, "cluster__gpus": 8},
+])
+def test_hybrid_shard_and_replica_groups_follow_the_rank_order(changes):
+    plan = execution_plan(scenario(**HYBRID, **changes), changes["cluster__gpus"])
+    rg = plan.ranks
+    shards, replicas = plan.shard_groups(), plan.replica_groups()
+    for groups in (shards, replicas):     # each rank in exactly one group of each kind
+        assert sorted(r for g in groups for r in g) == list(range(plan.world))
+    for g in shards:                      # 2 consecutive dp ranks x every cp rank, same tp and pp
+        cs = [rg.coords(r) for r in g]
+        assert len({(c["tp"], c["pp"], c["dp"] // 2) for c in cs}) == 1
+        first = cs[0]["dp"] // 2 * 2
+        assert sorted({c["dp"] for c in cs}) == [first, first + 1] and len(g) == 2 * plan.context
+    for g in replicas:                    # one rank of each shard group: dp = s, s + 2
+        cs = [rg.coords(r) for r in g]
+        assert len({(c["tp"], c["cp"], c["pp"], c["dp"] % 2) for c in cs}) == 1 and len(g) == 2
+    assert shards == _mesh_groups(plan, ("dp_shard", "cp"))     # what torch builds
+    assert replicas == _mesh_groups(plan, ("dp_replicate",))
+
+
+def test_hybrid_groups_of_tensor2_data4_shard2_pipeline2():
+    plan = execution_plan(scenario(**HYBRID, cluster__gpus=16), 16)
+    # rank = tp + 2 * (dp + 4 * pp)
+    assert plan.shard_groups() == [[0, 2], [1, 3], [4, 6], [5, 7],
+                                   [8, 10], [9, 11], [12, 14], [13, 15]]
+    assert plan.replica_groups() == [[0, 4], [1, 5], [2, 6], [3, 7],
+                                     [8, 12], [9, 13], [10, 14], [11, 15]]
+
+
+@pytest.mark.parametrize("data_shard", [None, 4])
+def test_without_hybrid_sharding_the_mesh_and_groups_are_the_whole_data_group(data_shard):
+    from partita.executor.parallel import mesh_dims
+    plan = execution_plan(scenario(parallel__data=4, parallel__zero=1,
+                                   parallel__data_shard=data_shard, cluster__gpus=16), 16)
+    assert mesh_dims(plan) == plan.ranks.mesh(("pp", "dp", "cp", "tp"))
+    assert plan.shard_groups() == plan.ranks.groups("dp")
+    assert plan.replica_groups() == [[r] for r in range(16)]
+
+
 def test_explicit_stages_are_used():
     s = scenario(parallel__stages=[[0, 1], [1, 4]])
     assert execution_plan(s, 8).chunks == ((0, 1), (1, 4))

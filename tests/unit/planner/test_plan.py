@@ -334,3 +334,11 @@ def test_where_only_full_recompute_fits_the_fewest_recomputed_blocks_are_found(t
     fixed = plan(small(training__recompute="full", training__recompute_num_layers=6,
                        parallel__pipeline=1), catalog=CATALOG, evaluate=evaluate)
     assert {c.recompute_layers for c in fixed.candidates} == {6}
+
+
+def test_a_given_shard_group_is_kept_and_divides_the_data_parallel_degree():
+    r = plan(small(parallel__zero=3, parallel__data_shard=4), catalog=CATALOG, evaluate=fake_evaluate)
+    usable = [c for c in r.candidates if c.error is None]
+    assert usable and all(c.data % 4 == 0 for c in usable)
+    assert all(c.scenario.parallel.data_shard == 4 for c in usable)
+    assert r.best["parallel"]["data_shard"] == 4

@@ -725,3 +725,47 @@ def test_recompute_num_layers_round_trips_and_needs_full_recompute(tmp_path, cap
         assert main(["simulate", path]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+def test_hybrid_sharding_shards_within_a_group_and_all_reduces_the_shards_across_groups(
+        tmp_path, capsys):
+    """parallel.data_shard (FSDP HYBRID_SHARD, Megatron-Core's distributed optimizer instances):
+    state sharded over the group only, and each gradient shard all-reduced across the replicas."""
+    from partita.simulator import dataparallel
+    from partita.simulator.calibration import load_calibration
+    from partita.simulator.context import resolve
+    from partita.simulator.network import build_topology, collective
+    from partita.simulator.overheads import load_overheads
+    from partita.simulator.stepenv import StepEnv
+    catalog = load_catalog()
+
+    def scenario(zero, shard=None):
+        doc = small(tensor=1, pipeline=1, data=16, zero=zero)
+        if shard is not None:
+            doc["parallel"]["data_shard"] = shard
+        return parse_scenario(doc)
+
+    for zero in (1, 3):
+        whole, same, hybrid = (simulate(scenario(zero, s), catalog) for s in (None, 16, 8))
+        assert same.step_time_s == whole.step_time_s and same.peak_memory_gib == whole.peak_memory_gib
+        assert hybrid.peak_memory_gib > whole.peak_memory_gib          # half as many shards
+        assert hybrid.memory_breakdown_bytes["optimizer"] == pytest.approx(
+            2 * whole.memory_breakdown_bytes["optimizer"])
+    # ZeRO-1/2: the reduce-scatter runs in the shard group (one node of 8), then the shard is
+    # all-reduced between the 2 nodes' ranks that hold it
+    ctx = resolve(scenario(1, 8), catalog)
+    cal = load_calibration()
+    env = StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal, oh=load_overheads())
+    shard, replicas = dataparallel.shard_groups(ctx)
+    assert (shard.ranks, shard.ranks_per_node, replicas.ranks, replicas.ranks_per_node) == (8, 8, 2, 1)
+    nbytes = 1e9 * 4                                                   # bf16: fp32 gradients
+    expect = (collective("reduce_scatter", "ring", nbytes, shard, env.topo)
+              + collective("allreduce", "auto", nbytes / 8, replicas, env.topo))
+    assert dataparallel.reduction_time(env, 1e9) == pytest.approx(expect)
+    for parallel, message in (({"zero": 0, "data_shard": 8}, "only with zero 1, 2 or 3"),
+                              ({"zero": 3, "data_shard": 3}, "must divide parallel.data (4)")):
+        doc = small()
+        doc["parallel"].update(parallel)
+        assert main(["simulate", write(tmp_path, "bad.yaml", doc)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "parallel.data_shard: " + message in err[0]

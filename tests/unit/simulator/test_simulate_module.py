@@ -30,10 +30,11 @@ def module_scenario(tmp_path, monkeypatch):
     (tmp_path / "toy_models.py").write_text(MODULE)
     monkeypatch.syspath_prepend(str(tmp_path))
 
-    def make(**parallel):
+    def make(training=None, **parallel):
         doc = {"model": {"module": "toy_models:mlp_lm", "seq_len": 256, "vocab": 1000},
                "cluster": {"system": "p4d.24xlarge", "gpus": 8},
-               "training": {"global_batch": 64, "micro_batch": 4, "precision": "bf16"},
+               "training": {"global_batch": 64, "micro_batch": 4, "precision": "bf16",
+                            **(training or {})},
                "parallel": {"pipeline": 2, "data": 4, "schedule": "1f1b", **parallel}}
         path = tmp_path / f"s{len(list(tmp_path.glob('s*.yaml')))}.yaml"
         path.write_text(yaml.safe_dump(doc))
@@ -67,3 +68,18 @@ def test_what_a_module_cannot_do_is_one_error(module_scenario, capsys, parallel,
     assert main(["simulate", path]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1 and message in err
+
+
+def test_a_module_recomputes_its_first_layers_of_each_chunk(module_scenario, capsys):
+    """recompute_num_layers on a profiled module: the first N layers of each chunk (never the
+    token-taking layer 0, as the executor runs it) rerun their forward."""
+    files = [module_scenario(training={"recompute": "none"}),
+             module_scenario(training={"recompute": "full", "recompute_num_layers": 2}),
+             module_scenario(training={"recompute": "full"})]
+    main(["simulate", *files, "--json"])
+    none, some, full = (json.loads(x) for x in capsys.readouterr().out.splitlines())
+    assert "recompute" not in none["breakdown_s"]
+    # 5 layers per chunk: 2 of 5 blocks rerun, against every layer under full recompute
+    assert 0 < some["breakdown_s"]["recompute"] < 0.5 * full["breakdown_s"]["recompute"]
+    assert none["step_time_s"] < some["step_time_s"] < full["step_time_s"]
+    assert none["peak_memory_gib"] > some["peak_memory_gib"] > full["peak_memory_gib"]

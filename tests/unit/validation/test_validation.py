@@ -95,7 +95,7 @@ def test_most_gpu_transformer_rows_map(mapped):
     ("TTITAN-02", "unsupported"),     # torchtitan's op-level selective checkpointing
     ("FMSFSDP-03", "unsupported"),    # fms-fsdp's checkpointing of a fraction of the blocks
     ("TTITAN-12", "hardware"),        # 96 GB HBM2e, 500 W Grand Teton H100
-    ("FMSFSDP-01", "excluded"),       # HSDP
+    ("FMSFSDP-09", "excluded"),       # HSDP under torch.compile
     ("FMSFSDP-13", "excluded"),       # torch.compile
     ("TRAINY-01", "excluded"),        # float8
 ])
@@ -105,6 +105,8 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
 
 
 @pytest.mark.parametrize("row_id, section, key, expected", [
+    ("FMSFSDP-01", "parallel", "data_shard", 8),      # HSDP: sharded within a node of 8
+    ("FMSFSDP-01", "parallel", "zero", 3),
     ("NAR21-17", "parallel", "pipeline", 12),
     ("NAR21-11", "parallel", "zero", 3),
     ("NAR21-11", "parallel", "overlap_grad_reduce", True),
