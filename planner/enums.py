@@ -17,4 +17,5 @@ FLASH_KERNELS = ("flash", "flash2", "flash1")   # attention kernels that never s
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")                         # training.framework
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")       # parallel.schedule
 GRAD_REDUCE = ("auto", "ring", "tree", "hierarchical", "parameter-server")  # parallel.grad_reduce
+REDUCE_DTYPES = ("auto", "fp32", "bf16", "fp16")                      # training.grad_reduce_dtype
 OPTIMIZE = ("speed", "memory")                                         # the partitioner's objective

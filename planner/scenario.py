@@ -12,7 +12,7 @@ from typing import Any
 
 from partita.planner.documents import Checker, load_document
 from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, GRAD_REDUCE, OPTIMIZERS, PRECISIONS,
-                                   RECOMPUTE, SCHEDULES)
+                                   RECOMPUTE, REDUCE_DTYPES, SCHEDULES)
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import ModelSpec, TransformerDims
 from partita.planner.paths import SCENARIOS_DIR
@@ -24,7 +24,7 @@ MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
                  "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32",
-                 "fused_cross_entropy", "recompute_num_layers")
+                 "fused_cross_entropy", "recompute_num_layers", "grad_reduce_dtype")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap", "data_shard")
@@ -85,6 +85,10 @@ class TrainingSpec:
                                     # model chunk are recomputed, the others keep their activations
                                     # (Megatron-LM --recompute-method block --recompute-num-layers N);
                                     # None: every block
+    grad_reduce_dtype: str = "auto"  # the data-parallel gradient reduction's dtype (its bytes on
+                                    # the wire; the buffers held stay the framework's): auto (ZeRO
+                                    # 0-2 as Megatron-LM, fp32 for bf16; ZeRO-3 the compute dtype,
+                                    # FSDP's default) | fp32 (torchtitan, Composer's DEFAULT) | bf16 | fp16
 
     def recomputed_blocks(self, blocks: int) -> int:
         """How many of a chunk's `blocks` transformer blocks run their forward again in backward:
@@ -182,6 +186,8 @@ class Scenario:
             out["training"]["fused_cross_entropy"] = True
         if t.recompute_num_layers is not None:
             out["training"]["recompute_num_layers"] = t.recompute_num_layers
+        if t.grad_reduce_dtype != "auto":
+            out["training"]["grad_reduce_dtype"] = t.grad_reduce_dtype
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -331,7 +337,8 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         fused_elementwise=c.bool("fused_elementwise", True),
                         attention_softmax_fp32=_softmax_fp32(c),
                         fused_cross_entropy=c.bool("fused_cross_entropy", False),
-                        recompute_num_layers=_recompute_num_layers(c))
+                        recompute_num_layers=_recompute_num_layers(c),
+                        grad_reduce_dtype=c.choice("grad_reduce_dtype", REDUCE_DTYPES, "auto"))
 
 
 def _recompute_num_layers(c: Checker) -> int | None:

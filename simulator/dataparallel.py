@@ -4,7 +4,8 @@ Gradients of a model chunk are ready bucket by bucket while its last micro-batch
 (PyTorch DDP and Megatron-LM both launch a bucket's reduction as soon as it fills; Li et al. 2020
 "PyTorch Distributed", Sec. 3.2.3). A rank's reductions share its network lane, one after the
 other; only the last bucket of the rank's last chunk cannot overlap at all. Algorithms:
-- zero 0: all-reduce of the gradients (fp16 as they are, fp32 for bf16: `grad_bytes`) (ring, tree, hierarchical or parameter server).
+- zero 0: all-reduce of the gradients (fp16 as they are, fp32 for bf16, or the scenario's
+  `grad_reduce_dtype`: `reduce_bytes`) (ring, tree, hierarchical or parameter server).
 - zero 1 / 2 (Megatron distributed optimizer, DeepSpeed ZeRO-1/2): reduce-scatter of gradients,
   then after the update an all-gather of the 16-bit parameters, hidden behind the next step's
   forward when `overlap_param_gather` (Megatron-Core `--overlap-param-gather`).
@@ -22,7 +23,7 @@ from partita.planner import inventory
 from partita.planner.stages import chunk_ranges
 from partita.simulator.compute import element_bytes
 from partita.simulator.context import StepContext
-from partita.simulator.memory import chunk_blocks, embedding_parameters, grad_bytes
+from partita.simulator.memory import chunk_blocks, embedding_parameters, grad_bytes, reduce_bytes
 from partita.simulator.network import Group, collective
 from partita.simulator.result import Span
 from partita.simulator.stepenv import StepEnv
@@ -56,7 +57,7 @@ def reduction_time(env: StepEnv, params: float) -> float:
     p = ctx.parallel
     if p.data <= 1 or p.zero >= 3 or params <= 0:
         return 0.0
-    nbytes = params * grad_bytes(ctx.training.precision)
+    nbytes = params * reduce_bytes(ctx.training, p.zero)
     if p.zero == 0:
         return collective("allreduce", p.grad_reduce, nbytes, _dp_group(ctx), topo)
     # A sharded optimizer reduce-scatters: NCCL runs it as a ring whatever grad_reduce says.

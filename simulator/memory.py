@@ -126,6 +126,21 @@ def grad_bytes(precision: str) -> int:
     return 2 if precision == "fp16" else 4
 
 
+def reduce_bytes(training: TrainingSpec, zero: int) -> int:
+    """Bytes per gradient element in the data-parallel reduction. `training.grad_reduce_dtype`
+    where it names one; by default ZeRO 0-2 reduce what they hold (`grad_bytes`, Megatron-LM) and
+    ZeRO-3 the compute dtype: FSDP's MixedPrecision reduce_dtype defaults to its param_dtype
+    (torch.distributed.fsdp MixedPrecision, MixedPrecisionPolicy) and DeepSpeed's ZeRO-3
+    reduce-scatters the 16-bit gradients; fp32 and tf32 training compute in fp32, fp8 training
+    keeps bf16 weights."""
+    named = {"fp32": 4, "bf16": 2, "fp16": 2}.get(training.grad_reduce_dtype)
+    if named is not None:
+        return named
+    if zero < 3:
+        return grad_bytes(training.precision)
+    return 4 if training.precision in ("fp32", "tf32") else 2
+
+
 def bytes_per_parameter(precision: str, optimizer: str, zero: int, shard: int,
                         framework: str = "megatron") -> tuple[float, float, float]:
     """(weights, gradients, optimizer state) bytes per parameter on one GPU.

@@ -27,12 +27,10 @@ from partita.simulator.context import StepContext
 from partita.simulator.host import (BACKWARD_KERNELS_PER_FORWARD, EMBEDDING_FORWARD_KERNELS,
                                     HEAD_FORWARD_KERNELS, forward_kernels)
 from partita.simulator.memory import (block_parameter_tensors, block_parameters, chunk_blocks,
-                                      embedding_parameters)
+                                      embedding_parameters, reduce_bytes)
 from partita.simulator.network import Group, collective, cp_ring_time, p2p
 from partita.simulator.overheads import Overheads
 from partita.simulator.stepenv import StepEnv
-
-FSDP_GRAD_BYTES = 2      # ZeRO-3/FSDP reduce-scatter in the 16-bit compute dtype (DeepSpeed, FSDP2)
 
 
 @dataclass(frozen=True)
@@ -169,6 +167,7 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
     group = Group(shape.n * p.context if p.context > 1 else shape.n, shape.per_node,
                   concurrent=shape.per_node * shape.sharing)
     e = element_bytes(t.precision)
+    g = reduce_bytes(t, 3)
     slow = 1.0 / oh.zero3_collectives(t.framework)
     fw = env.framework
     tensors = (tuple(n / p.tensor for n in block_parameter_tensors(ctx.dims, decoder=decoder))
@@ -176,17 +175,17 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
     gathered = tuple(n for n in tensors if n >= fw.zero3_persistence_threshold_params)
     ag = sum(collective("all_gather", "auto", n * e, group, topo) for n in gathered) * slow
     if fw.zero3_list_collectives_without_prefetch and not p.overlap_param_gather:
-        rs = sum(collective("reduce_scatter", "auto", n * FSDP_GRAD_BYTES, group, topo)
+        rs = sum(collective("reduce_scatter", "auto", n * g, group, topo)
                  for n in tensors) * slow
         n = group.ranks
         ag += sum(oh.list_collective("all_gather", n, copy_s(t * e / n)) for t in gathered)
-        rs += sum(oh.list_collective("reduce_scatter", n, copy_s(t * FSDP_GRAD_BYTES / n))
+        rs += sum(oh.list_collective("reduce_scatter", n, copy_s(t * g / n))
                   for t in tensors)
     else:
-        rs = collective("reduce_scatter", "auto", params * FSDP_GRAD_BYTES, group, topo) * slow
+        rs = collective("reduce_scatter", "auto", params * g, group, topo) * slow
     if p.replicas > 1:              # hybrid sharding: the gradient shard across the replicas
         rep = ctx.placement.replica_group(p.shard)
-        rs += collective("allreduce", "auto", params / group.ranks * FSDP_GRAD_BYTES,
+        rs += collective("allreduce", "auto", params / group.ranks * g,
                          Group(rep.n, rep.per_node, concurrent=rep.per_node * rep.sharing),
                          topo) * slow
     regather = ag if (fw.zero3_regather_on_recompute and recompute == "full") else 0.0

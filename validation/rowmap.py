@@ -143,6 +143,9 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
         training["attention_softmax_fp32"] = True
     if rules.value(row, "fused_cross_entropy", notes):
         training["fused_cross_entropy"] = True
+    reduce_dtype = rules.value(row, "grad_reduce_dtype", notes)
+    if reduce_dtype is not None:
+        training["grad_reduce_dtype"] = reduce_dtype
     attention = rules.value(row, "attention", notes)
     if attention is not None:
         training["attention"] = attention

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import ATTENTION, FRAMEWORKS, PRECISIONS, RECOMPUTE, SCHEDULES
+from partita.planner.enums import ATTENTION, FRAMEWORKS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES, SCHEDULES
 from partita.planner.paths import VALIDATION_DIR
 from partita.validation.metrics import CONVENTIONS
 
@@ -62,7 +62,7 @@ _SETTING_CHECKS = {
     "framework": ("choice", FRAMEWORKS), "launch_blocking": ("bool", None),
     "fused_elementwise": ("bool", None), "attention_softmax_fp32": ("bool", None),
     "fused_cross_entropy": ("bool", None), "recompute_every_nth_block": ("int", None),
-    "data_shard": ("int", None),
+    "data_shard": ("int", None), "grad_reduce_dtype": ("choice", REDUCE_DTYPES),
 }
 
 

@@ -769,3 +769,40 @@ def test_hybrid_sharding_shards_within_a_group_and_all_reduces_the_shards_across
         assert main(["simulate", write(tmp_path, "bad.yaml", doc)]) == 1
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "parallel.data_shard: " + message in err[0]
+
+
+def test_the_gradient_reduction_dtype_sets_the_bytes_on_the_wire():
+    """training.grad_reduce_dtype: fp32 reductions move twice the bytes of bf16 ones; by default
+    ZeRO 0-2 reduce as Megatron-LM (fp32 for bf16) and ZeRO-3 in the compute dtype (FSDP)."""
+    from partita.simulator import dataparallel
+    from partita.simulator.calibration import load_calibration
+    from partita.simulator.context import resolve
+    from partita.simulator.memory import reduce_bytes
+    from partita.simulator.network import build_topology
+    from partita.simulator.overheads import load_overheads
+    from partita.simulator.stepenv import StepEnv
+    from partita.planner.scenario import TrainingSpec
+    assert reduce_bytes(TrainingSpec(global_batch=8, precision="bf16"), 1) == 4
+    assert reduce_bytes(TrainingSpec(global_batch=8, precision="fp16"), 0) == 2
+    assert reduce_bytes(TrainingSpec(global_batch=8, precision="bf16"), 3) == 2
+    assert reduce_bytes(TrainingSpec(global_batch=8, precision="fp32"), 3) == 4
+    assert reduce_bytes(TrainingSpec(global_batch=8, grad_reduce_dtype="fp32"), 3) == 4
+    assert reduce_bytes(TrainingSpec(global_batch=8, grad_reduce_dtype="bf16"), 1) == 2
+    catalog = load_catalog()
+    cal = load_calibration()
+
+    def reduction(dtype, zero=1):
+        doc = small(tensor=1, pipeline=1, data=16, zero=zero)
+        doc["training"]["grad_reduce_dtype"] = dtype
+        ctx = resolve(parse_scenario(doc), catalog)
+        env = StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal, oh=load_overheads())
+        return dataparallel.reduction_time(env, 1e9)
+
+    assert reduction("auto") == reduction("fp32") > reduction("bf16")
+    doc = small(tensor=1, pipeline=1, data=16, zero=3)
+    doc["training"]["grad_reduce_dtype"] = "fp32"
+    s = parse_scenario(doc)
+    assert parse_scenario(s.to_dict()) == s
+    slow, fast = simulate(s, catalog), simulate(parse_scenario(small(tensor=1, pipeline=1, data=16,
+                                                                          zero=3)), catalog)
+    assert slow.breakdown_s["fsdp_comm"] > fast.breakdown_s["fsdp_comm"]
