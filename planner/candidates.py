@@ -36,6 +36,7 @@ class Layout:
     recompute: str
     zero: int
     recompute_layers: int | None = None   # full recompute of only this many blocks per model chunk
+    data_shard: int | None = None         # ZeRO shard group (hybrid sharding); None: all of data
 
 
 def layout_of(plan) -> Layout:

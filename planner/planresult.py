@@ -30,6 +30,7 @@ class Candidate:
     zero: int
     grad_reduce: str
     recompute_layers: int | None = None       # full recompute of only this many blocks per chunk
+    data_shard: int | None = None             # ZeRO shard group (hybrid sharding); None: all of data
     stages: tuple[tuple[int, int], ...] | None = None
     split: str = "even"                       # even | balanced | ilp (solver, status)
     step_time_s: float | None = None
@@ -55,7 +56,8 @@ class Candidate:
 
 
 COLUMNS = ("system", "nodes", "gpus", "tensor", "pipeline", "context", "data", "micro_batch",
-           "schedule", "virtual_stages", "recompute", "recompute_layers", "zero", "grad_reduce",
+           "schedule", "virtual_stages", "recompute", "recompute_layers", "zero", "data_shard",
+           "grad_reduce",
            "split", "step_time_s",
            "tokens_per_s", "mfu", "bubble_fraction", "peak_memory_gib", "memory_capacity_gib",
            "fits", "usd_per_hour", "usd_per_hour_spot", "days", "usd", "usd_spot",

@@ -165,13 +165,34 @@ def _fewest_recomputed(run: _Run, lay: Layout, how: dict) -> None:
 
 
 def _expand_schedules(run: _Run, top_layouts: int) -> None:
-    """Step 3: schedules, virtual stages and reductions for the best layouts of each system."""
+    """Step 3: schedules, virtual stages and reductions for the best layouts of each system, and
+    for a sharded one whose data-parallel group spans nodes, hybrid sharding by node
+    (`_node_shard`)."""
     spec = run.spec
     for cand in run.top(top_layouts, per_system=True):
         lay = layout_of(cand)
-        for schedule, virtual in spec.schedules(lay, run.microbatches(lay)):
-            for reduce in spec.reductions(lay, run.catalog):
-                run.add(lay, schedule=schedule, virtual=virtual, grad_reduce=reduce)
+        variants = [lay]
+        shard = _node_shard(run, lay)
+        if shard is not None:
+            variants.append(replace(lay, data_shard=shard))
+        for lay in variants:
+            for schedule, virtual in spec.schedules(lay, run.microbatches(lay)):
+                for reduce in spec.reductions(lay, run.catalog):
+                    run.add(lay, schedule=schedule, virtual=virtual, grad_reduce=reduce)
+
+
+def _node_shard(run: _Run, lay: Layout) -> int | None:
+    """The data-parallel ranks on one node, as the shard group of hybrid sharding (FSDP
+    HYBRID_SHARD): for a ZeRO layout whose data-parallel group spans nodes, when the scenario
+    does not fix the group; None otherwise."""
+    if lay.zero < 1 or "data_shard" in run.spec.fixed or lay.data_shard is not None:
+        return None
+    per_node = run.catalog.system(lay.system).gpus_per_node
+    inner = lay.tensor * lay.context
+    if per_node % inner:
+        return None
+    shard = per_node // inner
+    return shard if 1 < shard < lay.data and lay.data % shard == 0 else None
     run.say(f"schedules: {run.evaluated} simulations, best {run.best_text()}")
 
 
@@ -257,6 +278,10 @@ class _Run:
     def microbatches(self, lay: Layout) -> int:
         return self.spec.scenario.training.global_batch // (lay.micro_batch * lay.data)
 
+    def data_shard(self, lay: Layout) -> int | None:
+        """The layout's ZeRO shard group: the search's hybrid variant, else the scenario's."""
+        return lay.data_shard if lay.data_shard is not None else self.spec.fixed.get("data_shard")
+
     def recompute_layers(self, lay: Layout) -> int | None:
         """Blocks per chunk a full-recompute layout recomputes: the search's choice, else the
         scenario's own `recompute_num_layers` (None: every block)."""
@@ -278,7 +303,7 @@ class _Run:
             overlap_param_gather=fixed.get("overlap_param_gather", True),
             tp_comm_overlap=fixed.get("tp_comm_overlap", False), grad_reduce=grad_reduce,
             stages=stages if stages is not None else fixed.get("stages"),
-            data_shard=fixed.get("data_shard"))
+            data_shard=self.data_shard(lay))
         cluster = replace(s.cluster, system=lay.system, gpus=lay.gpus, nodes=None)
         training = replace(s.training, micro_batch=lay.micro_batch, recompute=lay.recompute,
                            recompute_num_layers=self.recompute_layers(lay))
@@ -297,7 +322,7 @@ class _Run:
                     pipeline=lay.pipeline, context=lay.context, data=lay.data,
                     micro_batch=lay.micro_batch, schedule=schedule, virtual_stages=virtual,
                     recompute=lay.recompute, recompute_layers=self.recompute_layers(lay),
-                    zero=lay.zero, grad_reduce=grad_reduce,
+                    zero=lay.zero, data_shard=self.data_shard(lay), grad_reduce=grad_reduce,
                     stages=stages, split=split,
                     usd_per_hour=_times(price.best_usd_per_hour, nodes),
                     usd_per_hour_spot=_times(price.spot_usd_per_hour, nodes),

@@ -51,6 +51,9 @@ def plan_text(row) -> str:
         text += f" ({int(layers)} blocks per chunk)"
     if int(row["zero"]):
         text += f", ZeRO-{row['zero']}"
+        shard = row.get("data_shard") if hasattr(row, "get") else None
+        if shard is not None and not pd.isna(shard):       # an optional column (older tables lack it)
+            text += f" sharded by {int(shard)}"
     return text + f", {row['grad_reduce']}"
 
 

@@ -342,3 +342,14 @@ def test_a_given_shard_group_is_kept_and_divides_the_data_parallel_degree():
     assert usable and all(c.data % 4 == 0 for c in usable)
     assert all(c.scenario.parallel.data_shard == 4 for c in usable)
     assert r.best["parallel"]["data_shard"] == 4
+
+
+def test_sharded_layouts_across_nodes_are_also_tried_sharded_by_node():
+    """Hybrid sharding (FSDP HYBRID_SHARD): for the best ZeRO layouts whose data-parallel group
+    spans nodes, the search also times the ZeRO stage sharded over one node's data-parallel ranks."""
+    r = plan(small(parallel__zero=3, parallel__tensor=1, parallel__pipeline=1), catalog=CATALOG,
+             evaluate=fake_evaluate)
+    hybrid = [c for c in r.candidates if c.data_shard is not None]
+    assert hybrid and all(c.data_shard == 8 and c.data == 16 for c in hybrid)
+    assert all(c.scenario.parallel.data_shard == 8 for c in hybrid if c.error is None)
+    assert "data_shard" in r.table().columns
