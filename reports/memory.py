@@ -73,7 +73,12 @@ def memory_report(scenario, result) -> Report:
     text = [f"Peak {result.peak_memory_gib:.2f} GiB of {result.memory_capacity_bytes / GIB:.1f} GiB "
             f"on stage {int(worst['stage'])} (headroom {worst['headroom_gib']:.2f} GiB)"
             + ("." if result.fits_in_memory else ": DOES NOT FIT."),
-            f"{t.precision}, {t.optimizer}, recompute {t.recompute}, ZeRO-{p.zero}, micro-batch "
+            f"{t.precision}, {t.optimizer}, recompute {t.recompute}"
+            + (f" ({t.recompute_num_layers} blocks per chunk)"
+               if t.recompute_num_layers is not None else "")
+            + f", ZeRO-{p.zero}"
+            + (f" in shards of {p.data_shard}" if p.data_shard is not None else "")
+            + ", micro-batch "
             f"{t.micro_batch}, {t.framework}. Activations are those of the micro-batches each stage "
             "holds at its fullest point of the schedule; buffers are the logits of the last stage and "
             "ZeRO-3's gathered layers; reserve is what the caching allocator and the framework hold "

@@ -122,6 +122,7 @@ def format_table(r: dict) -> str:
              f"{p['schedule']}"
              + (f" (v={p['virtual_stages']})" if p["virtual_stages"] > 1 else "")
              + (f", ZeRO-{p['zero']}" if p["zero"] else "")
+             + (f" in shards of {p['data_shard']}" if p.get("data_shard") else "")
              + f", {p['microbatches']} micro-batches of {p['micro_batch']}",
              f"  {'step':>5}  {'loss':>10}  {'time s':>9}  {'tokens/s':>10}"]
     tokens = r["tokens_per_step"]

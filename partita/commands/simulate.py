@@ -63,7 +63,12 @@ def format_summary(scenario, r, path: str) -> str:
         f"{scenario.name or path}: {r.gpus} GPUs on {r.details.get('nodes', 1)} x {r.system}  "
         f"TP {p.tensor} x PP {p.pipeline} x CP {p.context} x DP {p.data}, {p.schedule}"
         + (f" (v={p.virtual_stages})" if p.virtual_stages > 1 else "")
-        + (f", ZeRO-{p.zero}" if p.zero else ""),
+        + (f", ZeRO-{p.zero}" if p.zero else "")
+        + (f" in shards of {p.data_shard}" if p.data_shard is not None else "")
+        + (f", recompute {scenario.training.recompute}" if scenario.training.recompute != "none"
+           else "")
+        + (f" ({scenario.training.recompute_num_layers} blocks per chunk)"
+           if scenario.training.recompute_num_layers is not None else ""),
         f"  step time        {r.step_time_s:10.4f} s"
         + (f"   90% interval {r.step_time_interval_s[0]:.4g}-{r.step_time_interval_s[1]:.4g} s "
            f"(cross-validated, {r.interval_regime})"

@@ -806,3 +806,11 @@ def test_the_gradient_reduction_dtype_sets_the_bytes_on_the_wire():
     slow, fast = simulate(s, catalog), simulate(parse_scenario(small(tensor=1, pipeline=1, data=16,
                                                                           zero=3)), catalog)
     assert slow.breakdown_s["fsdp_comm"] > fast.breakdown_s["fsdp_comm"]
+
+
+def test_the_summary_names_the_shard_group_and_the_recomputed_blocks(tmp_path, capsys):
+    doc = small(tensor=1, pipeline=1, data=16, zero=3, data_shard=8)
+    doc["training"].update(recompute="full", recompute_num_layers=2)
+    assert main(["simulate", write(tmp_path, "s.yaml", doc)]) == 0
+    head = capsys.readouterr().out.splitlines()[0]
+    assert head.endswith("ZeRO-3 in shards of 8, recompute full (2 blocks per chunk)")
