@@ -96,15 +96,21 @@ def transformer_graph(dims: TransformerDims, training: TrainingSpec, parallel: P
     e = element_bytes(training.precision)
     rate = peak_flops * tp * cp
     emb, *blocks, head = prof.layers
+    # Full recompute of only `recompute_num_layers` blocks per chunk is a property of the split,
+    # not of a layer: each block carries the share of recompute an even split gives it.
+    chunks = parallel.pipeline * parallel.virtual_stages
+    share = training.recomputed_blocks(len(blocks)) if chunks == 1 else min(
+        len(blocks), chunks * training.recomputed_blocks(-(-len(blocks) // chunks)))
+    share = share / len(blocks) if blocks else 0.0
 
     def seconds(layer) -> float:
         fwd = layer.fwd_flops
-        redo = fwd if training.recompute == "full" else 0.0
+        redo = fwd * share if layer.kind not in ("embedding", "head") else 0.0
         return (fwd + layer.bwd_flops + redo) / rate
 
     def kept(layer) -> float:
-        if training.recompute == "full" and layer.kind not in ("embedding", "head"):
-            return layer.output_bytes / (tp * cp)     # only the block's input is checkpointed
+        if share and layer.kind not in ("embedding", "head"):   # recomputed: the input only
+            return (share * layer.output_bytes + (1 - share) * layer.activation_bytes) / (tp * cp)
         return layer.activation_bytes / (tp * cp)
 
     layers = []

@@ -252,3 +252,20 @@ def test_memory_mode_splits_whatever_fits():
         speed = solve(_random_problem(seed, "speed"))
         memory = solve(_random_problem(seed, "memory"))
         assert max(memory.rank_memory_bytes) <= max(speed.rank_memory_bytes) * (1 + 1e-6) + 1e-6 * GIB
+
+
+def test_blocks_carry_the_share_of_recompute_of_some_blocks_per_chunk():
+    """recompute_num_layers N: an even split of 24 blocks into 4 chunks recomputes N of 6 per
+    chunk, so each block of the graph carries N/6 of a recomputed forward and of the saving."""
+    dims = TransformerDims(arch="gpt", layers=24, hidden=1024, heads=16, seq_len=1024, vocab=32000)
+    par = ParallelSpec(pipeline=4, data=2)
+
+    def graph(recompute, n=None):
+        t = TrainingSpec(global_batch=64, micro_batch=2, recompute=recompute, recompute_num_layers=n)
+        return transformer_graph(dims, t, par, peak_flops=312e12, link_bytes_per_s=25e9).layers[5]
+
+    none, full, some = graph("none"), graph("full"), graph("full", 2)
+    assert some.time_s == pytest.approx(none.time_s + (full.time_s - none.time_s) / 3)
+    assert some.activation_bytes == pytest.approx(
+        none.activation_bytes - (none.activation_bytes - full.activation_bytes) / 3)
+    assert graph("full", 6).time_s == pytest.approx(full.time_s)
