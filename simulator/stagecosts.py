@@ -9,8 +9,10 @@ block the compute stream:
   full recompute runs the forward's collectives again. `tp_comm_overlap` hides them behind GEMMs.
 - context parallelism: the ring exchange of K/V blocks, hidden behind attention where it can be.
 - ZeRO-3 / FSDP: each block's parameters are all-gathered before its forward and again before its
-  backward, and its gradients reduce-scattered after; prefetching overlaps them with the
-  neighbouring block's compute, so a block costs max(compute, communication).
+  backward, and its gradients reduce-scattered after (in `training.grad_reduce_dtype`), within the
+  ZeRO shard group; with hybrid sharding (`parallel.data_shard`) each gradient shard is then
+  all-reduced across the groups. Prefetching overlaps them with the neighbouring block's compute,
+  so a block costs max(compute, communication).
 The result keeps the parts apart so the step summary can say where the time went.
 """
 from __future__ import annotations
@@ -159,7 +161,9 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
     of per-rank tensors, which costs `Overheads.list_collective` per call: per rank, host work and a
     copy of that rank's share (`copy_s(bytes)`: read and write, at least the GPU's shortest kernel).
     The framework's collectives run at its fitted `zero3_collective_fraction` of the modelled
-    bandwidth."""
+    bandwidth. They run in the ZeRO shard group; under hybrid sharding (`parallel.data_shard`, FSDP
+    HYBRID_SHARD) each block's gradient shard is then all-reduced in the replica group, after the
+    reduce-scatter (FSDP's `_reduce_grad`), so the two add up."""
     ctx, topo, oh = env.ctx, env.topo, env.oh
     p, t = ctx.parallel, ctx.training
     params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
