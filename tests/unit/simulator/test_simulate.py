@@ -808,6 +808,15 @@ def test_the_gradient_reduction_dtype_sets_the_bytes_on_the_wire():
     assert slow.breakdown_s["fsdp_comm"] > fast.breakdown_s["fsdp_comm"]
 
 
+def test_an_unknown_reduction_dtype_is_one_error_naming_the_choices(tmp_path, capsys):
+    doc = small()
+    doc["training"]["grad_reduce_dtype"] = "fp33"
+    assert main(["simulate", write(tmp_path, "bad.yaml", doc)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    assert "training.grad_reduce_dtype: expected one of auto, fp32, bf16, fp16" in err[0]
+
+
 def test_the_summary_names_the_shard_group_and_the_recomputed_blocks(tmp_path, capsys):
     doc = small(tensor=1, pipeline=1, data=16, zero=3, data_shard=8)
     doc["training"].update(recompute="full", recompute_num_layers=2)
