@@ -407,6 +407,9 @@ def test_bad_cells_skip_the_row_with_the_reason(standin, tmp_path):
     ("sources: {X: {micro_batch: {value: 2}}}\n", "why: missing required key"),
     ("sources: {X: {microbatch: {value: 2, why: w}}}\n", "did you mean 'micro_batch'"),
     ("sources: {X: {framework: {value: jax, why: w}}}\n", "expected one of megatron, deepspeed, fsdp"),
+    ("sources: {X: {recompute_every_nth_block: {value: 0, why: w}}}\n", "must be >= 1"),
+    ("sources: {X: {data_shard: {value: half, why: w}}}\n", "expected an integer"),
+    ("sources: {X: {grad_reduce_dtype: {value: fp33, why: w}}}\n", "expected one of auto, fp32, bf16, fp16"),
 ])
 def test_malformed_rowmap_rules(tmp_path, text, needle):
     path = tmp_path / "rowmap.yaml"
