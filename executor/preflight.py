@@ -239,6 +239,12 @@ def predict(scenario: Scenario, catalog_file: str | None
     from partita.executor.measure import predicted_stage_memory
     from partita.simulator.step import simulate
     catalog = load_catalog(catalog_file)
+    recompute = scenario.training.recompute
+    if scenario.model.module is not None and recompute in ("selective", "selective-op"):
+        # the executor checkpoints the module's layers by the policy; the simulator knows no
+        # block structure of a module to price it by (simulator.profiled refuses it)
+        return None, (f"no prediction: the simulator does not price recompute {recompute} of a "
+                      "model.module (it has no known block structure)"), None
     if scenario.cluster.system.lower() != "local":
         result = simulate(scenario, catalog)
         return result.step_time_s, None, predicted_stage_memory(result)

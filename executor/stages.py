@@ -13,7 +13,7 @@ cross-entropy against the next tokens, unless the module has its own `loss(outpu
 
 A `Chunk` runs its layers in order, under autocast for bf16 and fp16 and with the plan's activation
 recomputation (full: every block of the chunk, or its first `recompute_num_layers`, Megatron-LM's
-block method). Parameters tied across chunks (GPT's embedding and LM head, T5's shared relative
+block method; selective: the projections' outputs kept; selective-op: torchtitan's op policy). Parameters tied across chunks (GPT's embedding and LM head, T5's shared relative
 position bias) become one copy per chunk; `TiedGroup` lists them so that the run loop adds their
 gradients up, as Megatron-LM does for the embedding of its first and last stage
 (Shoeybi et al. 2019, Sec. 3; megatron/core/distributed/finalize_model_grads.py).
@@ -39,6 +39,18 @@ NOT_BLOCKS = ("embedding", "head")
 # selective recomputation (Sec. 5); recomputing the elementwise ops too is torchtitan's op-level
 # policy (torchtitan/models/llama3/infra/parallelize.py, _save_list).
 SAVED_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default, torch.ops.aten.bmm.default}
+# torchtitan's op-level selective checkpointing (`recompute: selective-op`) keeps the outputs of the
+# matmuls and the attention kernel except every second matmul a block runs, and recomputes the rest
+# (torchtitan/distributed/activation_checkpoint.py, `_get_custom_policy`). A linear with a bias runs
+# as addmm: counted like mm here, so the policy means "every second linear" for every arch
+# (torchtitan's models have no biases).
+LINEAR_OPS = {torch.ops.aten.mm.default, torch.ops.aten.addmm.default,
+              torch.ops.aten.linear.default}
+ATTENTION_OPS = {getattr(torch.ops.aten, name).default for name in (
+    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+    "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu",
+    "_scaled_dot_product_attention_math", "_scaled_dot_product_fused_attention_overrideable")
+    if hasattr(torch.ops.aten, name)}
 
 
 @dataclass(frozen=True)
@@ -79,7 +91,11 @@ class Chunk(nn.Module):
             if index not in self.recomputed:
                 return block(x)
             return checkpoint(block, x, use_reentrant=False)
-        context = partial(create_selective_checkpoint_contexts, _selective_policy)
+        if self.recompute == "selective-op":
+            def context():
+                return create_selective_checkpoint_contexts(op_policy())
+        else:
+            context = partial(create_selective_checkpoint_contexts, _selective_policy)
         return checkpoint(block, x, use_reentrant=False, context_fn=context)
 
     def model_name(self, name: str) -> str:
@@ -90,6 +106,24 @@ class Chunk(nn.Module):
 
 def _selective_policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAVED_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def op_policy():
+    """A fresh op-level selective checkpointing policy for one checkpointed block call: keep the
+    attention kernel's outputs and the 1st, 3rd, 5th, ... linear's, recompute everything else.
+    The forward and the recompute count their linears apart (torch may consult the policy in both),
+    so each sees the same sequence."""
+    count = {False: 0, True: 0}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        if op in ATTENTION_OPS:
+            return CheckpointPolicy.MUST_SAVE
+        if op in LINEAR_OPS:
+            count[ctx.is_recompute] += 1
+            return (CheckpointPolicy.MUST_SAVE if count[ctx.is_recompute] % 2 == 1
+                    else CheckpointPolicy.PREFER_RECOMPUTE)
+        return CheckpointPolicy.PREFER_RECOMPUTE
+    return policy
 
 
 def build_chunks(plan: ExecPlan, model: TransformerDims | ModelSpec, stages: tuple[int, ...],

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from partita.planner.errors import PartitaError
+from partita.planner import inventory
 from partita.planner.inventory import Layer
 from partita.planner.modelspec import TransformerDims
 
@@ -177,6 +178,9 @@ def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int =
     h = dims.hidden
     if recompute == "full":
         return e * sb * h / (tp if sp else 1)
+    if recompute == "selective-op":
+        return sb * _op_policy_bytes(dims, tp=tp, sp=sp, e=e, flash_attention=flash_attention,
+                                     decoder=decoder)
     hd = dims.head_dim
     q_heads, kv_heads = dims.heads // tp, max(dims.kv_heads // tp, 1)
     gated = dims.arch == "llama"
@@ -193,6 +197,32 @@ def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int =
         score_bytes = (5 if _has_dropout(dims) else 2) + (4 - e if softmax_fp32 else 0)
         sharded += attn_blocks * score_bytes * q_heads * dims.seq_len
     return sb * (replicated / (tp if sp else 1) + sharded)
+
+
+ROW_PARALLEL = ("attn.o", "cross_attn.o", "mlp.down")     # outputs h wide, reduced across TP
+
+
+def _op_policy_bytes(dims: TransformerDims, *, tp: int, sp: bool, e: int, flash_attention: bool,
+                     decoder: bool) -> float:
+    """Bytes per token a block keeps under torchtitan's op-level selective checkpointing
+    (`inventory.op_policy_split`): the block's input (the checkpoint's), the outputs of the saved
+    linears and of the attention kernel (with a flash kernel its output and fp32 log-sum-exp; with
+    stored scores the Q K^T and probabilities x V batched GEMMs' outputs, also kept). Norms,
+    activations, RoPE, softmax and dropout are recomputed, so none of their outputs or masks stay.
+    A row-parallel projection's output is counted h wide (h/t under sequence parallelism, where
+    the reduce-scatter's output is what later ops read)."""
+    h, split = dims.hidden, (tp if sp else 1)
+    kind = inventory.block_kind(dims, decoder)
+    saved, _ = inventory.op_policy_split(inventory.block_linears(dims, kind=kind, tensor=tp))
+    q_heads = dims.heads // tp
+    kept = e * h / split
+    kept += sum(e * (h / split if g.name in ROW_PARALLEL else g.n) for g in saved)
+    cores = 2 if decoder else 1
+    if flash_attention:
+        kept += cores * (e * q_heads * dims.head_dim + FP32 * q_heads)
+    else:
+        kept += cores * e * q_heads * (dims.seq_len + dims.head_dim)
+    return kept
 
 
 @dataclass(frozen=True)

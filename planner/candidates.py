@@ -16,7 +16,10 @@ from partita.planner.layergraph import bytes_per_parameter
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 
-RECOMPUTE_ORDER = ("none", "selective", "full")
+RECOMPUTE_ORDER = ("none", "selective", "selective-op", "full")   # from least recomputed to most
+# What the search tries where the scenario does not fix training.recompute: torchtitan's op-level
+# policy (selective-op) is run only where a scenario names it.
+SEARCHED_RECOMPUTE = ("none", "selective", "full")
 ZERO_ORDER = (0, 1, 3)
 MAX_MICRO_BATCH = 16           # sequences; beyond it the pipeline bubble and memory only grow
 MIN_CONTEXT_TOKENS = 1024      # context parallelism keeps at least this many tokens per rank
@@ -131,6 +134,6 @@ def memory_floor(dims: TransformerDims, training: TrainingSpec, layout: Layout,
     state = (blocks * block + emb) / layout.tensor * per_param
     m = training.global_batch // (layout.micro_batch * layout.data)
     held = m if schedule == "gpipe" else min(layout.pipeline, m)
-    per_mb = (ckpt if layout.recompute == "full" else act) * layout.micro_batch
+    per_mb = (ckpt if layout.recompute in ("full", "selective-op") else act) * layout.micro_batch
     acts = blocks * per_mb * held / (layout.tensor * layout.context)
     return state + acts

@@ -10,7 +10,7 @@ from __future__ import annotations
 ARCHS = ("gpt", "llama", "bert", "t5")                                 # model.arch
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")                   # training.precision, catalog FLOP/s keys
 EXECUTED_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")                 # what `partita run` executes
-RECOMPUTE = ("none", "selective", "full")                              # training.recompute
+RECOMPUTE = ("none", "selective", "selective-op", "full")              # training.recompute
 OPTIMIZERS = ("adam", "sgd")                                           # training.optimizer
 ATTENTION = ("flash", "flash2", "flash1", "unfused", "eager")          # training.attention
 FLASH_KERNELS = ("flash", "flash2", "flash1")   # attention kernels that never store the scores

@@ -162,6 +162,44 @@ def _block_gemms(d: TransformerDims, kind: str, b: int, tensor: int,
     return tuple(gemms), tuple(core)
 
 
+def block_linears(dims: TransformerDims, *, kind: str = "block", micro_batch: int = 1,
+                  tensor: int = 1, context: int = 1) -> tuple[Gemm, ...]:
+    """The block's linear layers, one GEMM each, in the order its forward runs them on one TP rank:
+    q, k, v, o projections (then the t5 decoder's cross-attention q, k, v, o), then the MLP's up
+    (Llama: gate, then up) and down projections. This is how partita's torch modules
+    (planner/models/common.py) and torchtitan's Llama (`wq, wk, wv, wo, w1, w3, w2`) run them, one
+    matmul per projection; `block`'s GEMMs are the same work with q/k/v and gate/up fused."""
+    if kind not in BLOCK_KINDS:
+        raise ValueError(f"block kind: expected one of {', '.join(BLOCK_KINDS)}, got {kind!r}")
+    tokens = micro_batch * dims.seq_len // context
+    q_heads, kv_heads = heads_per_rank(dims, tensor)
+    hd, h, f = dims.head_dim, dims.hidden, dims.ffn_hidden // tensor
+
+    def attention(prefix: str) -> list[Gemm]:
+        return [Gemm(f"{prefix}q", tokens, q_heads * hd, h), Gemm(f"{prefix}k", tokens, kv_heads * hd, h),
+                Gemm(f"{prefix}v", tokens, kv_heads * hd, h), Gemm(f"{prefix}o", tokens, h, q_heads * hd)]
+
+    out = attention("attn.") + (attention("cross_attn.") if kind == "decoder" else [])
+    up = [Gemm("mlp.gate", tokens, f, h)] if dims.arch == "llama" else []
+    return tuple(out + up + [Gemm("mlp.up", tokens, f, h), Gemm("mlp.down", tokens, h, f)])
+
+
+def op_policy_split(linears: tuple[Gemm, ...]) -> tuple[tuple[Gemm, ...], tuple[Gemm, ...]]:
+    """(saved, recomputed) linears of a block under torchtitan's op-level selective activation
+    checkpointing (`recompute: selective-op`): it keeps the output of every matmul except every
+    second one a checkpointed block runs, counting from the first (torchtitan
+    torchtitan/distributed/activation_checkpoint.py, `_get_custom_policy`: "Save all compute/comm
+    ops, except every second mm/linear")."""
+    return linears[0::2], linears[1::2]
+
+
+def op_policy_gemm_share(dims: TransformerDims, decoder: bool = False) -> float:
+    """The share of a block's linear-layer FLOPs that op-level selective checkpointing runs again."""
+    linears = block_linears(dims, kind=block_kind(dims, decoder))
+    _, redo = op_policy_split(linears)
+    return sum(g.flops for g in redo) / sum(g.flops for g in linears)
+
+
 def _head_gemms(d: TransformerDims, b: int, tensor: int, context: int) -> tuple[Gemm, ...]:
     tokens = b * d.seq_len // context
     transform = (Gemm("transform", tokens, d.hidden, d.hidden),) if d.arch == "bert" else ()

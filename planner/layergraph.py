@@ -17,7 +17,9 @@ from __future__ import annotations
 from functools import lru_cache
 
 from partita.planner import inventory
+from partita.planner.activations import block_activation_bytes
 from partita.planner.costmodel import analytic_profile, element_bytes
+from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.partition_problem import Layer, LayerGraph, PartitionProblem, Tie
 from partita.planner.paths import CALIBRATION_DIR
@@ -102,13 +104,21 @@ def transformer_graph(dims: TransformerDims, training: TrainingSpec, parallel: P
     share = training.recomputed_blocks(len(blocks)) if chunks == 1 else min(
         len(blocks), chunks * training.recomputed_blocks(-(-len(blocks) // chunks)))
     share = share / len(blocks) if blocks else 0.0
+    op_policy = training.recompute == "selective-op"     # every block, part of its forward
 
     def seconds(layer) -> float:
         fwd = layer.fwd_flops
-        redo = fwd * share if layer.kind not in ("embedding", "head") else 0.0
+        redo = 0.0
+        if layer.kind not in ("embedding", "head"):
+            redo = fwd * (inventory.op_policy_gemm_share(dims, layer.kind == "decoder")
+                          if op_policy else share)
         return (fwd + layer.bwd_flops + redo) / rate
 
     def kept(layer) -> float:
+        if op_policy and layer.kind not in ("embedding", "head"):   # what the op policy saves
+            return block_activation_bytes(dims, training.micro_batch, precision=training.precision,
+                                          recompute="selective-op",
+                                          decoder=layer.kind == "decoder") / (tp * cp)
         if share and layer.kind not in ("embedding", "head"):   # recomputed: the input only
             return (share * layer.output_bytes + (1 - share) * layer.activation_bytes) / (tp * cp)
         return layer.activation_bytes / (tp * cp)
@@ -154,6 +164,11 @@ def profile_graph(profile: ModelProfile, training: TrainingSpec, parallel: Paral
             fwd, bwd = layer.fwd_s, layer.bwd_s
         else:
             fwd, bwd = layer.fwd_flops / peak_flops, layer.bwd_flops / peak_flops
+        if training.recompute in ("selective", "selective-op"):
+            raise PartitaError(f"training.recompute = {training.recompute}: selective recompute "
+                               "re-runs parts of a transformer block, and a model given as "
+                               "model.module has no known block structure; use none or full, or "
+                               "give transformer dims, a preset or an hf_config")
         redo = fwd if training.recompute == "full" else 0.0
         kept = layer.output_bytes if training.recompute == "full" else layer.activation_bytes
         out.append(Layer(name=layer.name, time_s=fwd + bwd + redo,

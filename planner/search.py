@@ -28,6 +28,7 @@ from typing import Any, Callable
 from partita.planner.candidates import (RECOMPUTE_ORDER, Layout, layout_of, layouts,
                                         memory_floor)
 from partita.planner.costmodel import model_flops_per_step
+from partita.planner.inventory import op_policy_gemm_share
 from partita.planner.errors import PartitaError
 from partita.planner.planresult import (COLUMNS, Candidate, PlanResult, _budget, _mark_pareto,
                                         _objective_key, _times)
@@ -253,11 +254,13 @@ def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str
 
 def _estimate(spec: PlanSpec, catalog, lay: Layout) -> float:
     """Seconds per step at best: model FLOPs (with the recomputed forward: 4/3 for full, the
-    attention core for selective, Korthikanti et al. 2022 Sec. 5) at the GPUs' peak, times the
+    attention core for selective, Korthikanti et al. 2022 Sec. 5, the recomputed linears for
+    selective-op) at the GPUs' peak, times the
     1F1B bubble (1 + (p-1)/m, Narayanan et al. 2021 Sec. 2.2); for ordering only."""
     gpu = catalog.system(lay.system).gpu
     flops = model_flops_per_step(spec.dims, spec.scenario.training.global_batch)
-    flops *= {"none": 1.0, "selective": 1.0, "full": 4.0 / 3.0}[lay.recompute]
+    flops *= {"none": 1.0, "selective": 1.0, "full": 4.0 / 3.0,
+              "selective-op": 1.0 + op_policy_gemm_share(spec.dims) / 3.0}[lay.recompute]
     m = spec.scenario.training.global_batch // (lay.micro_batch * lay.data)
     t = flops / (lay.gpus * gpu.peak(spec.scenario.training.precision))
     return t * (1 + (lay.pipeline - 1) / m)

@@ -279,12 +279,32 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     ew_f = _elementwise(ew_bytes, gpu, g)
     ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes, gpu, g)
     fwd = gemm_f + attn_f + ew_f
-    recompute_s = {"none": 0.0, "selective": attn_f, "full": fwd}[recompute]
+    redo_gemm = 0.0
+    if recompute == "selective-op":
+        redo_gemm = op_policy_recompute_gemm_s(dims, micro_batch, tp, cp, decoder, gpu, precision, g)
+    recompute_s = {"none": 0.0, "selective": attn_f, "selective-op": redo_gemm + ew_f,
+                   "full": fwd}[recompute]
     bwd_input = gemm_i + attn_b + ew_b
     parts = {"gemm_fwd": gemm_f, "attention_fwd": attn_f, "elementwise_fwd": ew_f,
              "gemm_bwd_input": gemm_i, "gemm_bwd_weight": gemm_w, "attention_bwd": attn_b,
              "elementwise_bwd": ew_b}
+    if recompute in ("selective", "selective-op"):     # what the recompute re-runs, by kind
+        parts["recompute_gemm"] = redo_gemm
+        parts["recompute_attention"] = attn_f if recompute == "selective" else 0.0
     return LayerTimes(fwd, bwd_input + gemm_w, bwd_input, gemm_w, recompute_s, parts)
+
+
+def op_policy_recompute_gemm_s(dims: TransformerDims, micro_batch: int, tp: int, cp: int,
+                               decoder: bool, gpu: GPU, precision: str, g: GpuCalibration) -> float:
+    """Forward seconds of the linears torchtitan's op-level selective checkpointing recomputes
+    (every second one a block runs, `inventory.op_policy_split`), each its own GEMM. The rest of
+    its recompute is the block's elementwise forward (norms, activations, RoPE, residual adds); the
+    attention kernel's outputs are kept."""
+    kind = inventory.block_kind(dims, decoder)
+    linears = inventory.block_linears(dims, kind=kind, micro_batch=micro_batch, tensor=tp,
+                                      context=cp)
+    _, redo = inventory.op_policy_split(linears)
+    return sum(_gemm(gm.m, gm.n, gm.k, gpu, precision, g) for gm in redo)
 
 
 def embedding_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,

@@ -12,8 +12,9 @@ Activations are the inventory's layers (`planner.inventory`) counted by an activ
 (`planner.activations`; `MEGATRON` by default: Korthikanti et al. 2022, Sec. 4.1, Table 2, with
 tensor, sequence and context parallelism and recompute). Full recomputation keeps each block's
 input plus, while one block is recomputed for its backward, that block's whole activations
-(Chen et al. 2016, Sec. 4.1: checkpoints plus the largest segment); the head's logits are counted
-under `other`.
+(Chen et al. 2016, Sec. 4.1: checkpoints plus the largest segment); op-level selective
+recomputation keeps the outputs its policy saves plus, likewise, one block whole. The head's
+logits are counted under `other`.
 A rank holds the activations of the micro-batches in flight (`activation_microbatches`).
 """
 from __future__ import annotations
@@ -230,10 +231,11 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     activations = sum(n * activation_model.layer_bytes(dims, layer, how)
                       for n, layer, how in held if n > 0) * inflight
     details: dict[str, float] = {"parameter_count": params}
-    if recompute == "full" and r > 0:
+    if recompute in ("full", "selective-op") and r > 0:
         # The backward re-runs one block's forward from its stored input and holds all that
         # block's activations until its backward is done: checkpoints plus the largest segment
-        # (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", Sec. 4.1).
+        # (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", Sec. 4.1). The
+        # op-level policy re-runs the block's forward too, around the outputs it kept.
         segment = activation_model.layer_bytes(
             dims, dec_layer if r > r_enc else enc_layer, kept)
         details["recompute_segment"] = segment

@@ -6,7 +6,8 @@ block the compute stream:
 - tensor parallelism (Shoeybi et al. 2019, Sec. 3; Korthikanti et al. 2022, Sec. 4.2.2): two
   all-reduces of the layer's b*s*h activations per block forward and two in backward (a t5 decoder
   block three), or with sequence parallelism the same volume as all-gather + reduce-scatter pairs;
-  full recompute runs the forward's collectives again. `tp_comm_overlap` hides them behind GEMMs.
+  full recompute and torchtitan's op-level policy (selective-op) run the forward's collectives
+  again. `tp_comm_overlap` hides them behind GEMMs.
 - context parallelism: the ring exchange of K/V blocks, hidden behind attention where it can be.
 - ZeRO-3 / FSDP: each block's parameters are all-gathered before its forward and again before its
   backward, and its gradients reduce-scattered after (in `training.grad_reduce_dtype`), within the
@@ -33,6 +34,12 @@ from partita.simulator.memory import (block_parameter_tensors, block_parameters,
 from partita.simulator.network import Group, collective, cp_ring_time, p2p
 from partita.simulator.overheads import Overheads
 from partita.simulator.stepenv import StepEnv
+
+
+# Recompute policies whose backward re-runs the block's whole forward function: full recompute,
+# and torchtitan's op-level selective checkpointing, which replays the forward and skips only the
+# ops whose outputs it kept (torch.utils.checkpoint's selective checkpoint contexts).
+WHOLE_FORWARD_AGAIN = ("full", "selective-op")
 
 
 @dataclass(frozen=True)
@@ -62,6 +69,13 @@ def sustained(lt: LayerTimes, oh: Overheads, gpu: GPU, precision: str,
     extra_w = slow_g * p("gemm_bwd_weight", 0.0) + per_layer_s
     if lt.recompute_s and lt.recompute_s >= lt.fwd_s * (1 - 1e-12):
         recompute = lt.fwd_s + extra_f                      # full: the whole forward again
+    elif "recompute_gemm" in lt.parts:
+        # selective: the attention core; selective-op: every second linear and the elementwise
+        # forward, a checkpointed pass of its own (the framework's per-pass cost)
+        redo_gemm, redo_attn = p("recompute_gemm", 0.0), p("recompute_attention", 0.0)
+        recompute = lt.recompute_s + slow_g * redo_gemm + slow * redo_attn
+        if redo_gemm:
+            recompute += per_layer_s
     else:
         recompute = lt.recompute_s * (1.0 + slow)           # selective: the attention core
     return LayerTimes(lt.fwd_s + extra_f, lt.bwd_s + extra_i + extra_w,
@@ -92,7 +106,9 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
         per_op = collective("allreduce", "auto", nbytes, group, topo)
         ops = 3 if decoder else 2
         tp_f = ops * per_op
-        tp_b = ops * per_op + (tp_f if recompute == "full" else 0.0)
+        # full and op-level selective recompute run the forward's collectives again (the op
+        # policy keeps no all-gather or all-reduce output: torchtitan saves reduce-scatters only)
+        tp_b = ops * per_op + (tp_f if recompute in WHOLE_FORWARD_AGAIN else 0.0)
     if p.tp_comm_overlap:
         # Transformer Engine's userbuffers split the GEMMs and move the TP data between chunks,
         # mostly by peer-to-peer copies (copy engines), not NCCL kernels on the SMs: the ideal
@@ -129,7 +145,7 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
                          fused_elementwise=t.fused_elementwise)
-    recomputed = kf if recompute == "full" else 0            # a forward again, recording autograd
+    recomputed = kf if recompute in WHOLE_FORWARD_AGAIN else 0   # a forward again, with autograd
     hf = host.exposed(fwd, kf, t.launch_blocking)
     hb = host.exposed(bwd, recomputed, t.launch_blocking,
                       backward_kernels=BACKWARD_KERNELS_PER_FORWARD * kf)
@@ -192,7 +208,7 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
         rs += collective("allreduce", "auto", params / group.ranks * g,
                          Group(rep.n, rep.per_node, concurrent=rep.per_node * rep.sharing),
                          topo) * slow
-    regather = ag if (fw.zero3_regather_on_recompute and recompute == "full") else 0.0
+    regather = ag if (fw.zero3_regather_on_recompute and recompute in WHOLE_FORWARD_AGAIN) else 0.0
     if p.overlap_param_gather:
         new_f, new_b = oh.overlapped(fwd, ag), oh.overlapped(bwd, ag + regather + rs)
     else:

@@ -28,6 +28,8 @@ from collections import Counter
 from dataclasses import dataclass
 
 from partita.planner.costmodel import block_gemms, layer_params, model_flops_per_step
+from partita.planner.enums import RECOMPUTE
+from partita.planner.inventory import block_linears, op_policy_split
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import Scenario
 
@@ -57,13 +59,17 @@ def model_flops(d: TransformerDims, sequences: int) -> float:
 
 def hardware_flops(d: TransformerDims, sequences: int, recompute: str) -> float:
     """Model FLOPs plus the recomputed forward work (see [Note: FLOP conventions])."""
-    if recompute not in ("none", "selective", "full"):
+    if recompute not in RECOMPUTE:
         raise ValueError(f"recompute {recompute!r}")
     blocks = Counter(kind for _, kind, _ in layer_params(d) if kind not in ("embedding", "head"))
-    extra = 0 if recompute == "none" else sum(
-        count * sum(g.flops for g in block_gemms(d, 1, kind=kind)
-                    if recompute == "full" or g.name.endswith(ATTENTION_CORE))
-        for kind, count in blocks.items())
+    if recompute == "selective-op":              # the linears the op policy runs again
+        extra = sum(count * sum(g.flops for g in op_policy_split(block_linears(d, kind=kind))[1])
+                    for kind, count in blocks.items())
+    else:
+        extra = 0 if recompute == "none" else sum(
+            count * sum(g.flops for g in block_gemms(d, 1, kind=kind)
+                        if recompute == "full" or g.name.endswith(ATTENTION_CORE))
+            for kind, count in blocks.items())
     return model_flops(d, sequences) + float(extra) * sequences
 
 

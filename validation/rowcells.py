@@ -341,11 +341,11 @@ def framework(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
 
 def recompute(row: dict[str, str], rules: Rules, notes: list[str], *, layers: int,
               pipeline: int) -> tuple[str, int | None]:
-    """(none | selective | full, blocks recomputed or None for all) from the row's cell, else the
-    rules. Checkpointing of every n-th block (`_SOME_BLOCKS`) is full recompute of layers // n
-    blocks where the rules give n (`recompute_every_nth_block`; torchtitan and fms-fsdp count the
-    blocks of the whole model, so only without a pipeline); an operator policy (`_OP_POLICY`), or
-    every n-th block with n unknown, skips the row."""
+    """(none | selective | selective-op | full, blocks recomputed or None for all) from the row's
+    cell, else the rules. Checkpointing of every n-th block (`_SOME_BLOCKS`) is full recompute of
+    layers // n blocks where the rules give n (`recompute_every_nth_block`; torchtitan and fms-fsdp
+    count the blocks of the whole model, so only without a pipeline; every n-th block with n
+    unknown skips the row); torchtitan's operator policy (`_OP_POLICY`) is selective-op."""
     text = row["recompute"].lower().strip()
     found = None
     if _SOME_BLOCKS.search(text) and not _OP_POLICY.search(text):
@@ -356,10 +356,8 @@ def recompute(row: dict[str, str], rules: Rules, notes: list[str], *, layers: in
                f"counted over the whole model, not per pipeline stage (pipeline {pipeline})")
         raise Skip("unsupported", f"recompute {row['recompute']!r}: checkpoints every n-th block, "
                    f"{why}")
-    if _OP_POLICY.search(text):
-        raise Skip("unsupported", f"recompute {row['recompute']!r}: checkpoints by an operator "
-                   "policy, not none, full (of some blocks) or the attention-core recompute the "
-                   "simulator's 'selective' is (Korthikanti et al. 2022)")
+    if _OP_POLICY.search(text):      # torchtitan's op-level selective activation checkpointing
+        return "selective-op", None
     if text.startswith(("no", "none")) and not text.startswith("not"):
         found = "none"
     elif "selective" in text:

@@ -149,7 +149,7 @@ def format_table(result, top: int) -> str:
              + (f"; split: {result.solver}" if result.solver else "")]
     lines += [f"  note: {n}" for n in result.notes]
     head = (f"{'#':>3} {'system':<18} {'gpus':>5} {'TP':>3} {'PP':>3} {'CP':>3} {'DP':>4} "
-            f"{'mb':>3} {'schedule':<18} {'recomp':<9} {'Z':>4} {'reduce':<16} {'step s':>9} "
+            f"{'mb':>3} {'schedule':<20} {'recomp':<12} {'Z':>4} {'reduce':<16} {'step s':>9} "
             f"{'tok/s':>10} {'MFU':>5} {'mem GiB':>13} {'$/h':>8}")
     if result.tokens:
         head += f" {'days':>7} {'$':>11} {'$ spot':>11}"
@@ -157,7 +157,7 @@ def format_table(result, top: int) -> str:
     for i, c in enumerate(rows, 1):
         if c.error is not None:
             lines.append(f"{i:>3} {c.system:<18} {c.gpus:>5} {c.tensor:>3} {c.pipeline:>3} "
-                         f"{c.context:>3} {c.data:>4} {c.micro_batch:>3} {c.schedule:<18} "
+                         f"{c.context:>3} {c.data:>4} {c.micro_batch:>3} {c.schedule:<20} "
                          f"failed: {c.error}")
             continue
         sched = c.schedule + (f" v{c.virtual_stages}" if c.virtual_stages > 1 else "")
@@ -165,7 +165,7 @@ def format_table(result, top: int) -> str:
         zero = f"{c.zero}" + (f"/{c.data_shard}" if c.data_shard is not None else "")
         mem = f"{c.peak_memory_gib:.1f}/{c.memory_capacity_gib:.0f}" + ("" if c.fits else "!")
         line = (f"{i:>3} {c.system:<18} {c.gpus:>5} {c.tensor:>3} {c.pipeline:>3} {c.context:>3} "
-                f"{c.data:>4} {c.micro_batch:>3} {sched:<18} {recomp:<9} {zero:>4} "
+                f"{c.data:>4} {c.micro_batch:>3} {sched:<20} {recomp:<12} {zero:>4} "
                 f"{c.grad_reduce:<16} {c.step_time_s:>9.3f} {c.tokens_per_s:>10.0f} "
                 f"{100 * c.mfu:>4.0f}% {mem:>13} {_money(c.usd_per_hour):>8}")
         if result.tokens:

@@ -10,6 +10,7 @@ the same reason (only summation order differs).
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,3 +126,18 @@ def test_module_pipeline_with_data_parallelism_equals_one_process(toy, tmp_path,
     for name, w in want.items():
         err = (got[name] - w).norm().item()
         assert err <= RTOL * w.norm().item() + ATOL, f"{name}: |diff| {err:.3g}, |w| {w.norm():.3g}"
+
+
+@pytest.mark.parametrize("recompute", ["selective", "selective-op"])
+def test_selective_recompute_of_a_module_runs_without_a_prediction(toy, tmp_path, recompute):
+    """The executor checkpoints a module's layers by the policy; the simulator refuses to price
+    it (no block structure), so `partita run` goes on with a note instead of a prediction."""
+    from partita.executor.preflight import predict
+    doc = yaml.safe_load(Path(toy()).read_text())
+    doc["training"]["recompute"] = recompute
+    for system in ("local", "p4d.24xlarge"):
+        doc["cluster"] = {"system": system, "gpus": 8}
+        doc["parallel"]["data"] = 4
+        time_s, note, memory = predict(parse_scenario(doc), None)
+        assert time_s is None and memory is None
+        assert f"does not price recompute {recompute} of a model.module" in note

@@ -50,6 +50,9 @@ CASES = {
     "tp2-pp2-gpipe": (LLAMA, {"parallel__data": 1, "parallel__tensor": 2,
                               "parallel__schedule": "gpipe"}),
     "dp2-zero3": (LLAMA, {"cluster__gpus": 2, "parallel__pipeline": 1, "parallel__zero": 3}),
+    # torchtitan's FSDP with its op-level selective checkpointing
+    "dp2-zero3-selective-op": (LLAMA, {"cluster__gpus": 2, "parallel__pipeline": 1,
+                                       "parallel__zero": 3, "training__recompute": "selective-op"}),
     # encoder-decoder as the planner places it: 3 encoder + 1 decoder blocks over 2 stages, so
     # stage 1 holds the last encoder block and the decoder block; the encoder output (the
     # cross-attention input) crosses the stage boundary in the chain tensor ([Note: t5 chain]);

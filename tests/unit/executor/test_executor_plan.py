@@ -261,7 +261,8 @@ def test_chunks_chain_to_the_whole_model():
 
 
 @pytest.mark.parametrize("recompute, num_layers, checkpointed", [
-    ("full", 1, 1), ("full", None, 3), ("full", 5, 3), ("selective", None, 3), ("none", None, 0)])
+    ("full", 1, 1), ("full", None, 3), ("full", 5, 3), ("selective", None, 3),
+    ("selective-op", None, 3), ("none", None, 0)])
 def test_full_recompute_checkpoints_the_first_n_blocks(recompute, num_layers, checkpointed,
                                                        monkeypatch):
     from partita.planner.models import build_model
@@ -289,3 +290,43 @@ def test_full_recompute_checkpoints_the_first_n_blocks(recompute, num_layers, ch
     assert grads.keys() == want_grads.keys()
     for name, grad in want_grads.items():
         torch.testing.assert_close(grads[name], grad, rtol=1e-6, atol=0, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt"])
+def test_op_policy_keeps_every_other_linear_and_the_attention_kernel(arch):
+    """recompute selective-op (torchtitan's op policy): in a block's forward the 1st, 3rd, ...
+    linear and the attention kernel are kept, the rest recomputed; gradients are unchanged."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    from partita.planner import inventory
+    from partita.planner.models import build_model
+    extra = {"model__ffn_hidden": 64, "model__kv_heads": 2} if arch == "llama" else {}
+    dims = scenario(model__layers=2, model__arch=arch, **extra).model.resolve()
+    model = build_model(dims, seed=3)
+    block = model.pipeline_layers()[1]
+    x = torch.randn(2, 16, dims.hidden, requires_grad=True)
+    decisions = []
+    policy = stages.op_policy()
+
+    def logged(ctx, op, *args, **kwargs):
+        out = policy(ctx, op, *args, **kwargs)
+        if not ctx.is_recompute and (op in stages.LINEAR_OPS or op in stages.ATTENTION_OPS):
+            decisions.append(("attention" if op in stages.ATTENTION_OPS else "linear",
+                              out == CheckpointPolicy.MUST_SAVE))
+        return out
+
+    out = torch.utils.checkpoint.checkpoint(
+        block, x, use_reentrant=False,
+        context_fn=lambda: create_selective_checkpoint_contexts(logged))
+    out.square().sum().backward()
+    linears = [kept for kind, kept in decisions if kind == "linear"]
+    saved, _ = inventory.op_policy_split(inventory.block_linears(dims))
+    assert linears == [i % 2 == 0 for i in range(len(inventory.block_linears(dims)))]
+    assert sum(linears) == len(saved)
+    assert ("attention", True) in decisions
+    got = {k: p.grad.clone() for k, p in block.named_parameters()} | {"x": x.grad.clone()}
+    block.zero_grad()
+    x.grad = None
+    block(x).square().sum().backward()
+    want = {k: p.grad for k, p in block.named_parameters()} | {"x": x.grad}
+    for name, grad in want.items():
+        torch.testing.assert_close(got[name], grad, rtol=1e-6, atol=1e-7, msg=name)

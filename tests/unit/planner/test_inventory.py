@@ -77,3 +77,44 @@ def test_tensor_parallel_splits_shrink_the_gemms_not_the_parameters():
     assert sum(g.flops for g in four.gemms) * 4 == sum(g.flops for g in one.gemms)
     with pytest.raises(ValueError, match="block kind"):
         inventory.block(d, kind="mlp")
+
+
+@pytest.mark.parametrize("arch", sorted(SMALL))
+def test_block_linears_are_the_torch_blocks_linears_in_forward_order(arch):
+    """`block_linears` lists the linear layers a block runs, in the order its torch forward runs
+    them (what op-level selective checkpointing counts), and does the work of the fused GEMMs."""
+    torch = pytest.importorskip("torch")
+    from partita.planner.models import build_model
+    d = SMALL[arch]
+    model = build_model(d, device="meta")
+    ran: list[tuple[int, int]] = []
+    for layer in model.pipeline_layers()[1:]:
+        for module in layer.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_hook(
+                    lambda m, args, out: ran.append((m.out_features, m.in_features)))
+    ids = torch.zeros((2, d.seq_len), dtype=torch.long, device="meta")
+    model(ids)
+    want = [(g.n, g.k) for kind, count in (("encoder" if arch == "t5" else "block", d.layers),
+                                           ("decoder", d.decoder_layers)) if count
+            for _ in range(count) for g in inventory.block_linears(d, kind=kind)]
+    head = [(m.out_features, m.in_features) for m in model.pipeline_layers()[-1].modules()
+            if isinstance(m, torch.nn.Linear)]
+    assert ran == want + head
+    for kind in ("block",) if arch != "t5" else ("encoder", "decoder"):
+        fused = inventory.block(d, kind=kind, micro_batch=3, tensor=1)
+        split = inventory.block_linears(d, kind=kind, micro_batch=3)
+        assert sum(g.flops for g in split) == sum(g.flops for g in fused.gemms)
+
+
+def test_op_policy_keeps_the_first_of_every_two_linears():
+    names = [g.name for g in inventory.block_linears(SMALL["llama"])]
+    saved, redone = inventory.op_policy_split(inventory.block_linears(SMALL["llama"]))
+    assert names == ["attn.q", "attn.k", "attn.v", "attn.o", "mlp.gate", "mlp.up", "mlp.down"]
+    assert [g.name for g in saved] == ["attn.q", "attn.v", "mlp.gate", "mlp.down"]
+    assert [g.name for g in redone] == ["attn.k", "attn.o", "mlp.up"]
+    t5 = [g.name for g in inventory.op_policy_split(
+        inventory.block_linears(SMALL["t5"], kind="decoder"))[1]]
+    assert t5 == ["attn.k", "attn.o", "cross_attn.k", "cross_attn.o", "mlp.down"]
+    with pytest.raises(ValueError, match="block kind"):
+        inventory.block_linears(SMALL["gpt"], kind="stem")

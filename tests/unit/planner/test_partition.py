@@ -269,3 +269,25 @@ def test_blocks_carry_the_share_of_recompute_of_some_blocks_per_chunk():
     assert some.activation_bytes == pytest.approx(
         none.activation_bytes - (none.activation_bytes - full.activation_bytes) / 3)
     assert graph("full", 6).time_s == pytest.approx(full.time_s)
+
+
+def test_blocks_carry_the_op_policys_recompute_and_saved_outputs():
+    """recompute selective-op: each block re-runs the share of its linear FLOPs the op policy
+    recomputes and keeps what it saves (planner.activations), per TP rank."""
+    from partita.planner import inventory
+    from partita.planner.activations import block_activation_bytes
+    dims = TransformerDims(arch="llama", layers=8, hidden=1024, heads=16, kv_heads=4,
+                           ffn_hidden=2816, seq_len=1024, vocab=32000)
+    par = ParallelSpec(tensor=2, pipeline=2, data=2)
+
+    def graph(recompute):
+        t = TrainingSpec(global_batch=64, micro_batch=2, recompute=recompute)
+        return transformer_graph(dims, t, par, peak_flops=312e12, link_bytes_per_s=25e9).layers[3]
+
+    none, op, full = graph("none"), graph("selective-op"), graph("full")
+    share = inventory.op_policy_gemm_share(dims)
+    assert 0.3 < share < 0.6
+    assert op.time_s - none.time_s == pytest.approx(share * (full.time_s - none.time_s))
+    assert op.activation_bytes == pytest.approx(
+        block_activation_bytes(dims, 2, recompute="selective-op") / 2)
+    assert full.activation_bytes < op.activation_bytes < none.activation_bytes

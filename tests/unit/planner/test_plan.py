@@ -353,3 +353,31 @@ def test_sharded_layouts_across_nodes_are_also_tried_sharded_by_node():
     assert hybrid and all(c.data_shard == 8 and c.data == 16 for c in hybrid)
     assert all(c.scenario.parallel.data_shard == 8 for c in hybrid if c.error is None)
     assert "data_shard" in r.table().columns
+
+
+def test_op_level_selective_recompute_is_kept_where_named_and_not_searched_otherwise():
+    """torchtitan's op policy (recompute: selective-op) is a scenario's choice the plan keeps; the
+    search's own recompute settings are none, selective and full."""
+    named = plan(small(training__recompute="selective-op"), catalog=CATALOG, evaluate=fake_evaluate)
+    assert {c.recompute for c in named.candidates} == {"selective-op"}
+    assert named.best["training"]["recompute"] == "selective-op"
+    free = plan(small(), catalog=CATALOG, evaluate=fake_evaluate)
+    assert "selective-op" not in {c.recompute for c in free.candidates}
+
+
+def test_the_memory_floor_bounds_op_level_selective_recompute_from_below():
+    """candidates.memory_floor never rejects a layout that fits: under the op policy it counts
+    each block's input only, below what the simulator's rank keeps."""
+    from partita.planner.candidates import Layout, memory_floor
+    from partita.simulator.step import simulate
+    doc = small(training__recompute="selective-op", training__micro_batch=2, parallel__tensor=2,
+                parallel__pipeline=2, parallel__data=4)
+    doc["model"].update(arch="llama", kv_heads=8, ffn_hidden=2816)
+    s = parse_scenario(doc)
+    lay = Layout(system="p4d.24xlarge", gpus=16, nodes=2, tensor=2, pipeline=2, data=4, context=1,
+                 micro_batch=2, recompute="selective-op", zero=0)
+    from dataclasses import replace
+    floor = memory_floor(s.model.resolve(), s.training, lay)
+    assert 0 < floor < simulate(s, CATALOG).peak_memory_bytes
+    assert floor == memory_floor(s.model.resolve(), s.training, replace(lay, recompute="full"))
+    assert floor < memory_floor(s.model.resolve(), s.training, replace(lay, recompute="none"))

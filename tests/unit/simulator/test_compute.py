@@ -189,6 +189,39 @@ def test_recompute_adds_forward_work(shipped):
     assert none.fwd_s == sel.fwd_s == full.fwd_s
 
 
+@pytest.mark.parametrize("dims, redone", [(GPT, ("attn.k", "attn.o", "mlp.down")),
+                                           (LLAMA, ("attn.k", "attn.o", "mlp.up"))])
+def test_op_policy_recomputes_every_second_linear_and_the_elementwise_forward(flat, dims, redone):
+    """torchtitan's op-level selective checkpointing: the recompute is the elementwise forward
+    plus the 2nd, 4th, 6th linear, each its own GEMM (flat calibration: roofline times)."""
+    from partita.planner import inventory
+    t = layer_times(dims, 2, 1, False, 1, "bf16", "selective-op", H100, flat)
+    linears = inventory.block_linears(dims, micro_batch=2)
+    gemms = [g for g in linears if g.name in redone]
+    assert [g.name for g in inventory.op_policy_split(linears)[1]] == list(redone)
+    want = t.parts["elementwise_fwd"] + sum(gemm_time(g.m, g.n, g.k, H100, "bf16", flat)
+                                            for g in gemms)
+    assert sum(gemm_time(g.m, g.n, g.k, H100, "bf16", flat) for g in gemms) >= sum(
+        g.flops for g in gemms) / H100.peak("bf16")
+    assert t.recompute_s == pytest.approx(want, rel=1e-12)
+    assert t.parts["recompute_gemm"] == pytest.approx(want - t.parts["elementwise_fwd"], rel=1e-12)
+    full = layer_times(dims, 2, 1, False, 1, "bf16", "full", H100, flat)
+    assert 0 < t.recompute_s < full.recompute_s and t.fwd_s == full.fwd_s
+
+
+def test_op_policy_recompute_shards_with_tensor_parallelism(flat):
+    big = TransformerDims(arch="llama", layers=2, hidden=8192, heads=64, kv_heads=8,
+                          ffn_hidden=28672, seq_len=4096, vocab=32000)
+    one = layer_times(big, 2, 1, False, 1, "bf16", "selective-op", H100, flat)
+    four = layer_times(big, 2, 4, False, 1, "bf16", "selective-op", H100, flat)
+    from partita.planner import inventory
+    redone = inventory.op_policy_split(inventory.block_linears(big, micro_batch=2, tensor=4))[1]
+    assert [g.n for g in redone] == [8 // 4 * 128, 8192, 28672 // 4]     # k, o, up on one rank
+    assert four.parts["recompute_gemm"] == pytest.approx(
+        sum(gemm_time(g.m, g.n, g.k, H100, "bf16", flat) for g in redone), rel=1e-12)
+    assert four.parts["recompute_gemm"] < one.parts["recompute_gemm"] / 3
+
+
 def test_t5_decoder_block_costs_more_than_encoder(shipped):
     t5 = preset_dims("t5-base")
     enc = layer_times(t5, 2, 1, False, 1, "bf16", "none", H100, shipped)

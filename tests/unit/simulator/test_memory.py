@@ -316,3 +316,33 @@ def test_recomputing_some_blocks_keeps_the_others_activations(cal):
                          cal=cal, pipeline=2, blocks=12, first=True, last=False, recomputed=6,
                          inflight=activation_microbatches("interleaved-1f1b", 2, 16, 0, 3))
     assert chunked[0].activations == pytest.approx(rank0.activations)
+
+
+def test_op_policy_keeps_its_saved_outputs_by_hand():
+    """torchtitan's op-level selective checkpointing on llama2-7b (h 4096, 32 heads, ffn 11008),
+    bf16, flash attention: the block input, q, v, gate and down outputs and the attention output,
+    plus the fp32 log-sum-exp per query and head; with TP 2 the column-parallel outputs halve, and
+    sequence parallelism splits the input and the row-parallel output too."""
+    s, h, f, heads = LLAMA.seq_len, 4096, 11008, 32
+    want = s * (2 * (h + h + h + f + h + h) + 4 * heads)
+    assert block_activation_bytes(LLAMA, 1, recompute="selective-op") == pytest.approx(want)
+    tp2 = s * (2 * (h + h / 2 + h / 2 + f / 2 + h + h / 2) + 4 * heads / 2)
+    assert block_activation_bytes(LLAMA, 1, tp=2, recompute="selective-op") == pytest.approx(tp2)
+    sp2 = s * (2 * (h / 2 + h / 2 + h / 2 + f / 2 + h / 2 + h / 2) + 4 * heads / 2)
+    assert block_activation_bytes(LLAMA, 1, tp=2, sp=True,
+                                  recompute="selective-op") == pytest.approx(sp2)
+    full = block_activation_bytes(LLAMA, 1, recompute="full")
+    none = block_activation_bytes(LLAMA, 1, recompute="none")
+    assert full < block_activation_bytes(LLAMA, 1, recompute="selective-op") < none
+
+
+def test_op_policy_stage_memory_holds_one_block_whole(cal):
+    """Under the op policy a rank keeps every block's saved outputs plus, while one block is
+    recomputed, that block's whole activations (as under full recompute)."""
+    kw = dict(micro_batch=1, precision="bf16", optimizer="adam", cal=cal, flash_attention=True)
+    op = stage_memory(LLAMA, recompute="selective-op", **kw)
+    whole = block_activation_bytes(LLAMA, 1, recompute="none")
+    assert op.details["recompute_segment"] == pytest.approx(whole)
+    per_block = block_activation_bytes(LLAMA, 1, recompute="selective-op")
+    embedding = stage_memory(LLAMA, recompute="none", blocks=0, **kw).activations
+    assert op.activations == pytest.approx(LLAMA.layers * per_block + whole + embedding)

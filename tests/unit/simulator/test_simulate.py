@@ -823,3 +823,31 @@ def test_the_summary_names_the_shard_group_and_the_recomputed_blocks(tmp_path, c
     assert main(["simulate", write(tmp_path, "s.yaml", doc)]) == 0
     head = capsys.readouterr().out.splitlines()[0]
     assert head.endswith("ZeRO-3 in shards of 8, recompute full (2 blocks per chunk)")
+
+
+def test_op_level_selective_recompute_lies_between_none_and_full(tmp_path, capsys):
+    """torchtitan's op policy (recompute: selective-op) re-runs every second linear and the
+    elementwise work: slower than none and faster than full, keeping more than full and less than
+    none; like full recompute it repeats the forward's tensor-parallel collectives."""
+    catalog = load_catalog()
+
+    def run(mode, **parallel):
+        doc = small(**parallel)
+        doc["model"].update(arch="llama", kv_heads=8, ffn_hidden=2816)
+        doc["training"]["recompute"] = mode
+        return simulate(parse_scenario(doc), catalog)
+
+    out = {m: run(m) for m in ("none", "selective-op", "full")}
+    assert out["none"].step_time_s < out["selective-op"].step_time_s < out["full"].step_time_s
+    assert out["none"].peak_memory_gib > out["selective-op"].peak_memory_gib > out["full"].peak_memory_gib
+    assert 0 < out["selective-op"].breakdown_s["recompute"] < out["full"].breakdown_s["recompute"]
+    tp = {m: out[m].details["chunk_parts_s"][0]["tp_comm"] for m in out}
+    assert tp["selective-op"] == pytest.approx(tp["full"]) and tp["none"] < tp["full"]
+    doc = small()
+    doc["training"]["recompute"] = "selective-op"
+    s = parse_scenario(doc)
+    assert parse_scenario(s.to_dict()) == s and s.training.recomputed_blocks(8) == 0
+    doc["training"]["recompute_num_layers"] = 2
+    assert main(["simulate", write(tmp_path, "bad.yaml", doc)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "only with recompute full (recompute is selective-op" in err[0]

@@ -83,3 +83,13 @@ def test_a_module_recomputes_its_first_layers_of_each_chunk(module_scenario, cap
     assert 0 < some["breakdown_s"]["recompute"] < 0.5 * full["breakdown_s"]["recompute"]
     assert none["step_time_s"] < some["step_time_s"] < full["step_time_s"]
     assert none["peak_memory_gib"] > some["peak_memory_gib"] > full["peak_memory_gib"]
+
+
+@pytest.mark.parametrize("recompute", ["selective", "selective-op"])
+def test_selective_recompute_of_a_module_is_one_error(module_scenario, capsys, recompute):
+    """Selective recompute re-runs parts of a transformer block; a module has no known blocks,
+    so the simulator refuses it rather than predicting no recompute."""
+    assert main(["simulate", module_scenario(training={"recompute": recompute})]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert f"training.recompute = {recompute}" in err and "use none or full" in err

@@ -92,7 +92,6 @@ def test_most_gpu_transformer_rows_map(mapped):
     ("NAR21-23", "incomplete"), ("LLAMA1-01", "incomplete"), ("GLM-01", "incomplete"),
     ("NAR21-24", "ratio"), ("PD2BW-01", "ratio"), ("ZERO-01", "ratio"), ("BYTEPS-01", "ratio"),
     ("GPIPE-04", "ratio"), ("NEOX-01", "inconsistent"), ("OPT-01", "inconsistent"),
-    ("TTITAN-02", "unsupported"),     # torchtitan's op-level selective checkpointing
     ("FMSFSDP-03", "unsupported"),    # fms-fsdp's checkpointing of a fraction of the blocks
     ("TTITAN-12", "hardware"),        # 96 GB HBM2e, 500 W Grand Teton H100
     ("FMSFSDP-09", "excluded"),       # HSDP under torch.compile
@@ -113,6 +112,7 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("MTNLG-01", "parallel", "overlap_param_gather", False),   # DeepSpeed ZeRO-1 gathers in step()
     ("MLM24-05", "parallel", "overlap_param_gather", True),
     ("NAR21-01", "training", "recompute", "full"),
+    ("TTITAN-02", "training", "recompute", "selective-op"),   # torchtitan's op-level policy
     ("MLMRD-01", "model", "vocab", 51200),                   # GPT-2 BPE padded to 128 x tp 8
     ("MLMRD-01", "cluster", "system", "dgx-a100-80gb"),
     ("SHO19-07", "cluster", "system", "dgx2-v100"),
@@ -420,14 +420,15 @@ def test_malformed_rowmap_rules(tmp_path, text, needle):
 
 @pytest.mark.parametrize("cell, expected", [
     ("selective layer AC (full checkpointing of every n-th block)", None),     # torchtitan
-    ("selective op AC (torchtitan's op policy)", None),
+    ("selective op AC (torchtitan's op policy)", "selective-op"),
     ("Selective AC (full checkpointing of a fraction of the blocks)", None),   # fms-fsdp
     ("selective (Megatron-LM --recompute-granularity selective)", "selective"),
     ("full (every block checkpointed)", "full"),
 ])
 def test_checkpointing_some_blocks_or_ops_is_not_selective_recompute(tmp_path, cell, expected):
     """The simulator's 'selective' recomputes the attention core (Korthikanti et al. 2022); a row
-    that checkpoints every n-th block or by an operator policy is skipped, not mapped to it."""
+    that checkpoints every n-th block (n unknown here) is skipped, not mapped to it, and
+    torchtitan's operator policy is 'selective-op'."""
     row = {**_user_row("ac"), "recompute": cell}
     m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
     if expected is None:
