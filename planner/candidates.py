@@ -17,9 +17,10 @@ from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 
 RECOMPUTE_ORDER = ("none", "selective", "selective-op", "full")   # from least recomputed to most
-# What the search tries where the scenario does not fix training.recompute: torchtitan's op-level
-# policy (selective-op) is run only where a scenario names it.
+# What the search tries where the scenario does not fix training.recompute; torchtitan's op-level
+# policy (selective-op) is a torch checkpointing policy, tried for FSDP training only.
 SEARCHED_RECOMPUTE = ("none", "selective", "full")
+SEARCHED_RECOMPUTE_FSDP = ("none", "selective", "selective-op", "full")
 ZERO_ORDER = (0, 1, 3)
 MAX_MICRO_BATCH = 16           # sequences; beyond it the pipeline bubble and memory only grow
 MIN_CONTEXT_TOKENS = 1024      # context parallelism keeps at least this many tokens per rank

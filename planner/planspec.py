@@ -13,7 +13,8 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from partita.planner.candidates import SEARCHED_RECOMPUTE, ZERO_ORDER, Layout, gpu_counts
+from partita.planner.candidates import (SEARCHED_RECOMPUTE, SEARCHED_RECOMPUTE_FSDP, ZERO_ORDER,
+                                        Layout, gpu_counts)
 from partita.planner.documents import load_document
 from partita.planner.enums import EXECUTED_PRECISIONS
 from partita.planner.errors import PartitaError
@@ -63,7 +64,10 @@ class PlanSpec:
         return (self.scenario.training.micro_batch,) if self.fixed_micro_batch else None
 
     def recomputes(self) -> tuple[str, ...]:
-        return (self.scenario.training.recompute,) if self.fixed_recompute else SEARCHED_RECOMPUTE
+        if self.fixed_recompute:
+            return (self.scenario.training.recompute,)
+        fsdp = self.scenario.training.framework == "fsdp"
+        return SEARCHED_RECOMPUTE_FSDP if fsdp else SEARCHED_RECOMPUTE
 
     def zeros(self) -> tuple[int, ...]:
         return (self.fixed["zero"],) if "zero" in self.fixed else ZERO_ORDER

@@ -128,7 +128,9 @@ def _time_layouts(run: _Run, *, deadline: float | None, max_evaluations: int | N
 def _time_group(run: _Run, group: list[Layout]) -> None:
     """Time one layout group: per ZeRO stage the recompute settings from none to full, stopping
     at the first that fits (more recompute only adds time). Where only full recompute fits, the
-    fewest blocks per chunk that fit are found too (`_fewest_recomputed`)."""
+    fewest blocks per chunk that fit are found too (`_fewest_recomputed`). The op-level policy
+    (selective-op) does not stop it: full recompute of only some blocks may be the faster of the
+    two, so both are timed."""
     spec = run.spec
     fitted = set()
     for lay in group:
@@ -139,7 +141,7 @@ def _time_group(run: _Run, group: list[Layout]) -> None:
         how = dict(schedule=schedule, virtual=virtual,
                    grad_reduce=spec.fixed.get("grad_reduce", "auto"))
         cand = run.add(lay, **how)
-        if cand is not None and cand.error is None and cand.fits:
+        if cand is not None and cand.error is None and cand.fits and lay.recompute != "selective-op":
             fitted.add(lay.zero)
             if lay.recompute == "full" and spec.scenario.training.recompute_num_layers is None:
                 _fewest_recomputed(run, lay, how)
@@ -151,16 +153,17 @@ def _fewest_recomputed(run: _Run, lay: Layout, how: dict) -> None:
     with N, so the least N that fits is the fastest plan of the layout that fits."""
     per_chunk = -(-run.spec.dims.total_layers // (lay.pipeline * how["virtual"]))
     lo, hi = 1, per_chunk                       # hi: every block, known to fit
-    fitting = []
+    probes = []
     while lo < hi:
         mid = (lo + hi) // 2
         cand = run.add(replace(lay, recompute_layers=mid), **how)
+        if cand is not None:
+            probes.append(cand)
         if cand is not None and cand.error is None and cand.fits:
             hi = mid
-            fitting.append(cand)
         else:
             lo = mid + 1
-    for cand in fitting:                        # slower than the least N and no leaner than all
+    for cand in probes:      # the rest: too little recompute to fit, or slower than the least N
         if cand.recompute_layers != hi:
             run.results.remove(cand)
 

@@ -365,6 +365,34 @@ def test_op_level_selective_recompute_is_kept_where_named_and_not_searched_other
     assert "selective-op" not in {c.recompute for c in free.candidates}
 
 
+def test_fsdp_plans_also_try_the_op_policy_beside_partial_full_recompute():
+    """With training.framework fsdp the search tries torchtitan's op policy too; where it fits it
+    does not stop the search, so full recompute of the fewest blocks is timed beside it and the
+    faster wins. Bisection probes that do not fit are not left in the table."""
+    def evaluate(s):
+        t, p = s.training, s.parallel
+        blocks = 6 // p.pipeline
+        n = t.recomputed_blocks(blocks)
+        cap = 40 * 2**30
+        share = {"none": 0.0, "selective": 0.0, "selective-op": 0.7, "full": n / blocks}[t.recompute]
+        peak = cap * (1.5 - 0.6 * share)               # fits from share >= 5/6
+        if t.recompute == "selective-op":
+            peak = cap * 0.9
+        step = 1.0 + {"selective-op": 0.45}.get(t.recompute, 0.1 * n) + 0.01 * p.tensor
+        return SimpleNamespace(step_time_s=step, tokens_per_s=1e6 / step, mfu=0.4 / step,
+                               bubble_fraction=0.0, peak_memory_bytes=peak,
+                               memory_capacity_bytes=cap, fits_in_memory=peak <= cap)
+
+    doc = small(parallel__pipeline=1, parallel__tensor=1, training__micro_batch=1,
+                training__framework="fsdp")
+    r = plan(doc, catalog=CATALOG, evaluate=evaluate)
+    ok = {(c.recompute, c.recompute_layers) for c in r.candidates if c.ok and c.zero == 0}
+    assert ("selective-op", None) in ok and ("full", 5) in ok and ("full", None) in ok
+    assert r.best["training"]["recompute"] == "selective-op"      # 1.45 s against 1.5 s for N 5
+    probes = [c for c in r.candidates if c.recompute == "full" and c.recompute_layers is not None]
+    assert {c.recompute_layers for c in probes} == {5}
+
+
 def test_the_memory_floor_bounds_op_level_selective_recompute_from_below():
     """candidates.memory_floor never rejects a layout that fits: under the op policy it counts
     each block's input only, below what the simulator's rank keeps."""
