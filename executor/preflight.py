@@ -20,6 +20,7 @@ from partita.executor.launch import Job, Rendezvous
 from partita.executor.plan import ExecPlan, execution_plan
 from partita.planner.catalog import load_catalog
 from partita.planner.errors import PartitaError
+from partita.planner.profile import PARTIAL_RECOMPUTE
 from partita.planner.scenario import Scenario, find_scenario_file, load_scenario
 from partita.planner.units import GIB
 
@@ -240,7 +241,7 @@ def predict(scenario: Scenario, catalog_file: str | None
     from partita.simulator.step import simulate
     catalog = load_catalog(catalog_file)
     recompute = scenario.training.recompute
-    if scenario.model.module is not None and recompute in ("selective", "selective-op"):
+    if scenario.model.module is not None and recompute in PARTIAL_RECOMPUTE:
         # the executor checkpoints the module's layers by the policy; the simulator knows no
         # block structure of a module to price it by (simulator.profiled refuses it)
         return None, (f"no prediction: the simulator does not price recompute {recompute} of a "

@@ -19,11 +19,10 @@ from functools import lru_cache
 from partita.planner import inventory
 from partita.planner.activations import block_activation_bytes
 from partita.planner.costmodel import analytic_profile, element_bytes
-from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.partition_problem import Layer, LayerGraph, PartitionProblem, Tie
 from partita.planner.paths import CALIBRATION_DIR
-from partita.planner.profile import ModelProfile
+from partita.planner.profile import ModelProfile, refuse_partial_recompute
 from partita.planner.provenance import load_by_provenance
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 from partita.planner.units import GIB
@@ -164,11 +163,7 @@ def profile_graph(profile: ModelProfile, training: TrainingSpec, parallel: Paral
             fwd, bwd = layer.fwd_s, layer.bwd_s
         else:
             fwd, bwd = layer.fwd_flops / peak_flops, layer.bwd_flops / peak_flops
-        if training.recompute in ("selective", "selective-op"):
-            raise PartitaError(f"training.recompute = {training.recompute}: selective recompute "
-                               "re-runs parts of a transformer block, and a model given as "
-                               "model.module has no known block structure; use none or full, or "
-                               "give transformer dims, a preset or an hf_config")
+        refuse_partial_recompute(training.recompute)
         redo = fwd if training.recompute == "full" else 0.0
         kept = layer.output_bytes if training.recompute == "full" else layer.activation_bytes
         out.append(Layer(name=layer.name, time_s=fwd + bwd + redo,

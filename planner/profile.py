@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from partita.planner.errors import PartitaError
+
 
 @dataclass(frozen=True)
 class LayerProfile:
@@ -56,3 +58,16 @@ class ModelProfile:
                 "micro_batch": self.micro_batch, "seq_len": self.seq_len,
                 "device": self.device, "total_params": self.total_params,
                 "total_flops": self.total_flops, "layers": [l.to_dict() for l in self.layers]}
+
+
+PARTIAL_RECOMPUTE = ("selective", "selective-op")     # policies that re-run parts of a block
+
+
+def refuse_partial_recompute(recompute: str, where: str = "") -> None:
+    """A profiled module (`model.module`) has layers but no known transformer block structure, so
+    the recompute policies that re-run parts of a block cannot be priced: one error line."""
+    if recompute in PARTIAL_RECOMPUTE:
+        raise PartitaError(f"{where}training.recompute = {recompute}: selective recompute re-runs "
+                           "parts of a transformer block, and a model given as model.module has no "
+                           "known block structure; use none or full, or give transformer dims, a "
+                           "preset or an hf_config")

@@ -14,7 +14,7 @@ simulator/compute.py and stagecosts.py instead (simulator/modelcosts.py chooses)
 from __future__ import annotations
 
 from partita.planner.errors import PartitaError
-from partita.planner.profile import ModelProfile
+from partita.planner.profile import ModelProfile, refuse_partial_recompute
 from partita.planner.scenario import check_stages
 from partita.planner.stages import chunk_ranges
 from partita.simulator.chunkcost import ChunkCost
@@ -39,12 +39,7 @@ def check(scenario, profile: ModelProfile) -> None:
             raise PartitaError(f"{where}parallel.{key} = {value}: a model given as model.module has "
                                "no known layer structure to split; give transformer dims, a preset "
                                "or an hf_config, or set it to 1")
-    recompute = scenario.training.recompute
-    if recompute in ("selective", "selective-op"):
-        raise PartitaError(f"{where}training.recompute = {recompute}: selective recompute re-runs "
-                           "parts of a transformer block, and a model given as model.module has no "
-                           "known block structure; use none or full, or give transformer dims, a "
-                           "preset or an hf_config")
+    refuse_partial_recompute(scenario.training.recompute, where)
     if p.sequence_parallel or p.zero >= 3:
         raise PartitaError(f"{where}parallel: sequence_parallel and zero 3 need a transformer model "
                            "(dims, preset or hf_config), not model.module")

@@ -291,3 +291,17 @@ def test_blocks_carry_the_op_policys_recompute_and_saved_outputs():
     assert op.activation_bytes == pytest.approx(
         block_activation_bytes(dims, 2, recompute="selective-op") / 2)
     assert full.activation_bytes < op.activation_bytes < none.activation_bytes
+
+
+@pytest.mark.parametrize("recompute", ["selective", "selective-op"])
+def test_a_profiled_module_refuses_selective_recompute(recompute):
+    """A profile has layers but no block structure: the graph refuses what it cannot price."""
+    from partita.planner.costmodel import analytic_profile
+    from partita.planner.layergraph import profile_graph
+    dims = TransformerDims(arch="gpt", layers=2, hidden=64, heads=4, seq_len=32, vocab=500)
+    prof = analytic_profile(dims, micro_batch=2, precision="bf16")
+    full = TrainingSpec(global_batch=8, micro_batch=2, recompute="full")
+    assert len(profile_graph(prof, full, ParallelSpec(pipeline=2), peak_flops=1e14).layers) == 4
+    t = TrainingSpec(global_batch=8, micro_batch=2, recompute=recompute)
+    with pytest.raises(PartitaError, match=f"training.recompute = {recompute}: .*use none or full"):
+        profile_graph(prof, t, ParallelSpec(pipeline=2), peak_flops=1e14)

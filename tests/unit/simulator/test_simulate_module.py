@@ -93,3 +93,4 @@ def test_selective_recompute_of_a_module_is_one_error(module_scenario, capsys, r
     err = capsys.readouterr().err
     assert err.startswith("error: ") and err.count("\n") == 1
     assert f"training.recompute = {recompute}" in err and "use none or full" in err
+
