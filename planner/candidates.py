@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 from functools import lru_cache
 
 from partita.planner.costmodel import analytic_profile
+from partita.planner.enums import WHOLE_FORWARD_AGAIN
 from partita.planner.layergraph import bytes_per_parameter
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import ParallelSpec, TrainingSpec
@@ -135,6 +136,6 @@ def memory_floor(dims: TransformerDims, training: TrainingSpec, layout: Layout,
     state = (blocks * block + emb) / layout.tensor * per_param
     m = training.global_batch // (layout.micro_batch * layout.data)
     held = m if schedule == "gpipe" else min(layout.pipeline, m)
-    per_mb = (ckpt if layout.recompute in ("full", "selective-op") else act) * layout.micro_batch
+    per_mb = (ckpt if layout.recompute in WHOLE_FORWARD_AGAIN else act) * layout.micro_batch
     acts = blocks * per_mb * held / (layout.tensor * layout.context)
     return state + acts

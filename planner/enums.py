@@ -11,6 +11,9 @@ ARCHS = ("gpt", "llama", "bert", "t5")                                 # model.a
 PRECISIONS = ("fp32", "tf32", "fp16", "bf16", "fp8")                   # training.precision, catalog FLOP/s keys
 EXECUTED_PRECISIONS = ("fp32", "tf32", "fp16", "bf16")                 # what `partita run` executes
 RECOMPUTE = ("none", "selective", "selective-op", "full")              # training.recompute
+# recompute policies whose backward re-runs the block's whole forward function (the op-level policy
+# replays it, skipping only the ops whose outputs it kept)
+WHOLE_FORWARD_AGAIN = ("full", "selective-op")
 OPTIMIZERS = ("adam", "sgd")                                           # training.optimizer
 ATTENTION = ("flash", "flash2", "flash1", "unfused", "eager")          # training.attention
 FLASH_KERNELS = ("flash", "flash2", "flash1")   # attention kernels that never store the scores

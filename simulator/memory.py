@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, replace
 
 from partita.planner import inventory
 from partita.planner.activations import MEGATRON, ActivationModel, ActivationSettings
+from partita.planner.enums import WHOLE_FORWARD_AGAIN
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import ParallelSpec, TrainingSpec
@@ -231,7 +232,7 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     activations = sum(n * activation_model.layer_bytes(dims, layer, how)
                       for n, layer, how in held if n > 0) * inflight
     details: dict[str, float] = {"parameter_count": params}
-    if recompute in ("full", "selective-op") and r > 0:
+    if recompute in WHOLE_FORWARD_AGAIN and r > 0:
         # The backward re-runs one block's forward from its stored input and holds all that
         # block's activations until its backward is done: checkpoints plus the largest segment
         # (Chen et al. 2016, "Training Deep Nets with Sublinear Memory Cost", Sec. 4.1). The

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from partita.planner.enums import WHOLE_FORWARD_AGAIN
 from partita.planner.hardware import GPU
 from partita.planner.stages import chunk_ranges
 from partita.simulator.chunkcost import ChunkCost
@@ -34,12 +35,6 @@ from partita.simulator.memory import (block_parameter_tensors, block_parameters,
 from partita.simulator.network import Group, collective, cp_ring_time, p2p
 from partita.simulator.overheads import Overheads
 from partita.simulator.stepenv import StepEnv
-
-
-# Recompute policies whose backward re-runs the block's whole forward function: full recompute,
-# and torchtitan's op-level selective checkpointing, which replays the forward and skips only the
-# ops whose outputs it kept (torch.utils.checkpoint's selective checkpoint contexts).
-WHOLE_FORWARD_AGAIN = ("full", "selective-op")
 
 
 @dataclass(frozen=True)
