@@ -284,6 +284,11 @@ def _check_executable(s: Scenario, dims, where: str) -> None:
         raise PartitaError(f"{where}parallel.context = {p.context}: model.seq_len ({dims.seq_len}) "
                            f"must be a multiple of 2 x context ({2 * p.context}) for partita run: "
                            "each rank holds two equal chunks of every sequence (load balance)")
+    if dims.mlm_predictions:
+        raise PartitaError(f"{where}model.mlm_predictions = {dims.mlm_predictions}: partita run's "
+                           "BERT runs its MLM head on every position (as Hugging Face's "
+                           "BertForMaskedLM), not on gathered masked ones; remove the key to run "
+                           "it (the prediction then times the head on every position too)")
     if p.tensor > 1 and dims.kv_heads % p.tensor:
         raise PartitaError(f"{where}parallel.tensor ({p.tensor}) must divide model.kv_heads "
                            f"({dims.kv_heads}) for partita run: it shards k/v heads, it does "

@@ -129,7 +129,7 @@ def _module_block(d: TransformerDims, kind: str, b: int, p: int, last: bool) -> 
 
 
 def _module_head(d: TransformerDims, b: int, p: int) -> int:
-    t = b * d.seq_len
+    t = b * d.head_positions                  # BERT's gathered masked positions (`TransformerDims`)
     loss = t * d.vocab * FP32 + t * INDEX + FP32          # fp32 log-softmax, targets, total weight
     transform = 2 * t * d.hidden * p if d.arch == "bert" else 0   # dense input, GELU input
     return transform + _norm(d, t, p) + t * d.hidden * p + loss
@@ -239,7 +239,8 @@ class MegatronActivations:
         if layer.kind == "head":            # final-norm and head inputs, fp32 logits in the loss
             e = element_bytes(s.precision)  # (a fused loss keeps them as they are, for its backward)
             logit = e if s.fused_loss else FP32
-            return 2 * e * tokens * dims.hidden / split + logit * tokens * dims.vocab / s.tensor
+            rows = dims.head_positions / s.context * s.micro_batch   # BERT: the masked positions
+            return 2 * e * rows * dims.hidden / split + logit * rows * dims.vocab / s.tensor
         return block_activation_bytes(dims, s.micro_batch, tp=s.tensor, sp=s.sequence_parallel,
                                       cp=s.context, precision=s.precision, recompute=s.recompute,
                                       flash_attention=s.flash_attention,

@@ -29,6 +29,7 @@ class TransformerDims:
     max_positions: int = 0       # learned position table (gpt, bert); 0 -> seq_len
     tie_embeddings: bool | None = None   # None -> arch default (untied for llama only)
     type_vocab: int = 2          # bert token-type embeddings
+    mlm_predictions: int = 0     # bert: positions per sequence the MLM head runs on; 0 -> all
     name: str = ""
 
     def __post_init__(self) -> None:
@@ -57,11 +58,32 @@ class TransformerDims:
         if self.heads % self.kv_heads:
             raise PartitaError(f"model.heads ({self.heads}) must be divisible by "
                                f"model.kv_heads ({self.kv_heads})")
+        if self.mlm_predictions and self.arch != "bert":
+            raise PartitaError(f"model.mlm_predictions: only for arch bert (its masked-LM head), "
+                               f"got arch {self.arch}")
+        if not 0 <= self.mlm_predictions <= self.seq_len:
+            raise PartitaError(f"model.mlm_predictions: expected 1 to model.seq_len "
+                               f"({self.seq_len}), got {self.mlm_predictions}")
 
     @property
     def total_layers(self) -> int:
         """Transformer blocks in the whole model (encoder + decoder for t5)."""
         return self.layers + self.decoder_layers
 
+    @property
+    def head_positions(self) -> int:
+        """Positions per sequence the LM head (its transform, projection and loss) runs on.
+
+        BERT pre-training predicts only the masked positions (Devlin et al. 2019, Sec. 3.1: 15% of
+        them); NVIDIA's BERT gathers those before the head ("dense sequence output": DeepLearningExamples
+        PyTorch/LanguageModeling/BERT/modeling.py, BertPreTrainingHeads, on by default in
+        run_pretraining.py; MLPerf BERT's --dense_seq_output), so the head's matmuls and loss see
+        `mlm_predictions` rows per sequence (run_pretraining.sh: max_predictions_per_seq 20 of 128,
+        80 of 512). Hugging Face's and Megatron-LM's BERT run the head on every position."""
+        return self.mlm_predictions or self.seq_len
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if not self.mlm_predictions:
+            del out["mlm_predictions"]
+        return out

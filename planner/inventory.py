@@ -201,7 +201,7 @@ def op_policy_gemm_share(dims: TransformerDims, decoder: bool = False) -> float:
 
 
 def _head_gemms(d: TransformerDims, b: int, tensor: int, context: int) -> tuple[Gemm, ...]:
-    tokens = b * d.seq_len // context
+    tokens = b * d.head_positions // context         # BERT's MLM head: the masked positions only
     transform = (Gemm("transform", tokens, d.hidden, d.hidden),) if d.arch == "bert" else ()
     return transform + (Gemm("lm_head", tokens, d.vocab // tensor, d.hidden),)
 

@@ -64,6 +64,12 @@ class ModelSpec:
                 out["decoder_layers"] = d.decoder_layers
             if d.head_dim != d.hidden // d.heads:
                 out["head_dim"] = d.head_dim
+            if d.max_positions != d.seq_len:
+                out["max_positions"] = d.max_positions
+            if d.tie_embeddings != (d.arch != "llama"):
+                out["tie_embeddings"] = d.tie_embeddings
+            if d.mlm_predictions:
+                out["mlm_predictions"] = d.mlm_predictions
             return out
         out = {self.kind: getattr(self, self.kind)}
         if self.seq_len is not None:

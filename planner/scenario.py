@@ -19,7 +19,7 @@ from partita.planner.paths import SCENARIOS_DIR
 
 TOP_KEYS = ("name", "model", "cluster", "training", "parallel")
 DIM_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
-            "decoder_layers", "head_dim", "max_positions", "tie_embeddings", "name")
+            "decoder_layers", "head_dim", "max_positions", "tie_embeddings", "mlm_predictions", "name")
 MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
@@ -35,7 +35,7 @@ LIMITS = {
     "model.layers": 1024, "model.decoder_layers": 1024, "model.hidden": 1 << 20,
     "model.heads": 1 << 16, "model.kv_heads": 1 << 16, "model.head_dim": 1 << 16,
     "model.ffn_hidden": 1 << 22, "model.seq_len": 1 << 24, "model.vocab": 1 << 24,
-    "model.max_positions": 1 << 24,
+    "model.max_positions": 1 << 24, "model.mlm_predictions": 1 << 24,
     "cluster.gpus": 1 << 20, "cluster.nodes": 1 << 17, "cluster.gpus_per_node": 1024,
     "training.global_batch": 1 << 24, "training.micro_batch": 1 << 16,
     "training.recompute_num_layers": 1024,
@@ -297,7 +297,8 @@ def _parse_model(c: Checker) -> ModelSpec:
         vocab=size("vocab", True), kv_heads=size("kv_heads"),
         ffn_hidden=size("ffn_hidden"), head_dim=size("head_dim"),
         decoder_layers=size("decoder_layers"), max_positions=size("max_positions"),
-        tie_embeddings=c.bool("tie_embeddings", arch != "llama"), name=c.str("name", "") or "")
+        tie_embeddings=c.bool("tie_embeddings", arch != "llama"),
+        mlm_predictions=size("mlm_predictions"), name=c.str("name", "") or "")
     return ModelSpec(dims=dims)
 
 

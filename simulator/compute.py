@@ -83,11 +83,14 @@ def gemm_time(m: int, n: int, k: int, gpu: GPU, precision: str, cal: Calibration
     return _gemm(m, n, k, gpu, precision, cal.gpu(gpu.name))
 
 
-def _gemm(m: int, n: int, k: int, gpu: GPU, precision: str, g: GpuCalibration) -> float:
+def _gemm(m: int, n: int, k: int, gpu: GPU, precision: str, g: GpuCalibration,
+          batch: int = 1) -> float:
+    """One matmul, or `batch` of them stacked along m (a batched GEMM, one launch: attention's
+    per-head Q K^T and P V) whose (k x n) operands differ per matrix and are each read."""
     peak = gpu.peak(precision)
     ideal = 2.0 * m * n * k / peak
     compute = ideal / g.matmul_efficiency(precision, ideal, gpu.peak_is_measured(precision))
-    nbytes = (m * k + k * n + m * n) * element_bytes(precision)
+    nbytes = (m * k + batch * k * n + m * n) * element_bytes(precision)
     memory = nbytes / (gpu.memory_bandwidth_bytes_per_s * g.memory_efficiency(nbytes))
     return max(compute, memory, g.kernel_floor_s)
 
@@ -194,7 +197,8 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
                        softmax_fp32: bool = False) -> tuple[float, float]:
     """Forward and backward seconds of attention with a stored score matrix (no causal skip).
 
-    QK^T and PV run as batched GEMMs (stacked here: same FLOPs, one launch); the scores
+    QK^T and PV run as batched GEMMs (stacked here: same FLOPs, one launch; each matrix reads
+    its own K or V, `_gemm`'s `batch`); the scores
     (b * heads/tp * s_q * s_kv elements) are written by QK^T, read and written by the fused
     scale-mask-softmax, read and written by dropout (plus a 1-byte mask), and read by PV.
     Backward: two GEMMs per forward GEMM, dropout and softmax backward over the same elements.
@@ -213,8 +217,10 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
     qk, pv = _self_attention_core(dims, micro_batch, tp, cp)
     e = element_bytes(precision)
     scores = float(qk.m * qk.n)
-    fwd = _gemm(*qk[1:], gpu, precision, g) + _gemm(*pv[1:], gpu, precision, g)
-    bwd = 2 * _gemm(*qk[1:], gpu, precision, g) + 2 * _gemm(*pv[1:], gpu, precision, g)
+    batch = qk.m // (dims.seq_len // cp)          # micro-batch x heads on this rank, a matrix each
+    fwd = (_gemm(*qk[1:], gpu, precision, g, batch=batch)
+           + _gemm(*pv[1:], gpu, precision, g, batch=batch))
+    bwd = 2 * fwd
     if eager:
         f = 4 if softmax_fp32 else e                  # element bytes of the scale-mask-softmax chain
         casts = (e + 4, 4 + e) if softmax_fp32 and e != 4 else ()
@@ -357,7 +363,8 @@ def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: i
                precision: str, gpu: GPU, cal: Calibration, *,
                fused_loss: bool = False) -> LayerTimes:
     """Final norm, LM head GEMM (the inventory's, vocab split over tp) and the cross-entropy loss
-    (fp32, unfused; `fused_loss`: one fused kernel each way, `fused_loss_bytes`). BERT's MLM
+    (fp32, unfused; `fused_loss`: one fused kernel each way, `fused_loss_bytes`), on the head's
+    positions (`TransformerDims.head_positions`: BERT's masked ones when gathered). BERT's MLM
     transform GEMM (hidden x hidden, in the inventory's head) is not timed."""
     g = cal.gpu(gpu.name)
     e = element_bytes(precision)
@@ -374,6 +381,13 @@ def head_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: i
     ew_f = _elementwise(norm, gpu, g) + sum(_elementwise(logits * b, gpu, g) for b in fwd_bytes)
     ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * norm, gpu, g) + sum(
         _elementwise(logits * b, gpu, g) for b in bwd_bytes)
+    if dims.head_positions < dims.seq_len:
+        # BERT's gather of the masked positions (index_select: read and write those rows); its
+        # backward zero-fills the gradient of every position, then adds the rows back (index_add)
+        rows = e * tokens * dims.hidden
+        ew_f += _elementwise(2 * rows, gpu, g)
+        ew_b += (_elementwise(e * micro_batch * dims.seq_len / cp * dims.hidden, gpu, g)
+                 + _elementwise(2 * rows, gpu, g))
     bwd_input = gemm_i + ew_b
     parts = {"gemm_fwd": gemm_f, "elementwise_fwd": ew_f, "gemm_bwd_input": gemm_i,
              "gemm_bwd_weight": gemm_w, "elementwise_bwd": ew_b}

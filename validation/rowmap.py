@@ -118,6 +118,9 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
     tp, pp, dp, cp = cells.degrees(row)
     model = cells.model_section(row, tp, notes)
     seq_len = model["seq_len"]
+    predictions = rules.value(row, "mlm_predictions", notes)
+    if predictions is not None:
+        model["mlm_predictions"] = predictions
     gpus = cells.required_int(row, "num_gpus")
     if tp * pp * dp * cp != gpus:
         raise Skip("inconsistent", f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp}, "

@@ -63,6 +63,7 @@ _SETTING_CHECKS = {
     "fused_elementwise": ("bool", None), "attention_softmax_fp32": ("bool", None),
     "fused_cross_entropy": ("bool", None), "recompute_every_nth_block": ("int", None),
     "data_shard": ("int", None), "grad_reduce_dtype": ("choice", REDUCE_DTYPES),
+    "mlm_predictions": ("int", None),
 }
 
 

@@ -160,6 +160,8 @@ def test_explicit_stages_are_used():
     ({"model__kv_heads": 1}, "must divide model.kv_heads (1)"),
     ({"training__global_batch": 4}, "1f1b needs micro-batches per replica (1) >= pipeline (2)"),
     ({"parallel__stages": [[0, 2], [2, 5]]}, "ends at layer 5, but the model has 4 layers"),
+    ({"model__arch": "bert", "model__mlm_predictions": 4},
+     "model.mlm_predictions = 4: partita run's BERT runs its MLM head on every position"),
 ])
 def test_plans_the_executor_cannot_run(changes, message):
     with pytest.raises(PartitaError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -54,3 +54,19 @@ def test_memory_and_profile_sum_the_same_layers():
     *kept, head = profile.layers
     assert mem.activations == sum(l.activation_bytes for l in kept)
     assert mem.details["logits"] == head.activation_bytes
+
+
+def test_gathered_mlm_head_keeps_the_masked_rows_only():
+    """BERT with `mlm_predictions`: the head's matmuls, inputs and fp32 logits are those of the
+    gathered positions; the blocks keep every position."""
+    every = TransformerDims(arch="bert", layers=2, hidden=256, heads=8, seq_len=128, vocab=1024)
+    gathered = TransformerDims(**{**every.to_dict(), "mlm_predictions": 20})
+    s = ActivationSettings(micro_batch=2, precision="bf16")
+    head_all, head_20 = inventory.layers(every, micro_batch=2)[-1], inventory.layers(gathered, micro_batch=2)[-1]
+    assert [g.m for g in head_20.gemms] == [2 * 20] * len(head_all.gemms)
+    assert head_20.fwd_flops * 128 == head_all.fwd_flops * 20
+    for accounting in (MEGATRON, MODULES):
+        assert accounting.layer_bytes(gathered, head_20, s) * 128 == pytest.approx(
+            accounting.layer_bytes(every, head_all, s) * 20, rel=1e-3)
+        block = inventory.layers(gathered)[1]
+        assert accounting.layer_bytes(gathered, block, s) == accounting.layer_bytes(every, block, s)

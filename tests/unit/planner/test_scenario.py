@@ -74,6 +74,12 @@ def test_round_trip_to_dict():
     s = parse_scenario(doc(training__fused_cross_entropy=True))
     assert s.training.fused_cross_entropy and parse_scenario(s.to_dict()) == s
     assert "fused_cross_entropy" not in plain
+    s = parse_scenario(doc(model__arch="bert", model__mlm_predictions=20))
+    assert s.model.resolve().head_positions == 20 and parse_scenario(s.to_dict()) == s
+    s = parse_scenario(doc(model__arch="llama", model__ffn_hidden=688, model__tie_embeddings=True,
+                           model__max_positions=4096))
+    assert parse_scenario(s.to_dict()) == s
+    assert "mlm_predictions" not in parse_scenario(doc()).to_dict()["model"]
 
 
 @pytest.mark.parametrize("changes, message", [
@@ -114,6 +120,13 @@ def test_round_trip_to_dict():
     ({"parallel__overlap_param_gather": "no"}, "parallel.overlap_param_gather: expected true or false"),
     ({"cluster__intra_node_gbps": -5}, "cluster.intra_node_gbps: must be > 0, got -5"),
     ({"cluster__inter_node_gbps": "fast"}, "cluster.inter_node_gbps: expected a number, got 'fast'"),
+    ({"model__mlm_predictions": 20}, "model.mlm_predictions: only for arch bert (its masked-LM head), "
+                                     "got arch gpt"),
+    ({"model__arch": "bert", "model__mlm_predictions": 129},
+     "model.mlm_predictions: expected 1 to model.seq_len (128), got 129"),
+    ({"model__arch": "bert", "model__mlm_predictions": 0}, "model.mlm_predictions: must be >= 1, got 0"),
+    ({"model__arch": "bert", "model__mlm_predictions": "15%"},
+     "model.mlm_predictions: expected an integer, got '15%'"),
 ])
 def test_bad_documents_name_the_key(changes, message):
     with pytest.raises(PartitaError) as err:

@@ -412,3 +412,44 @@ def test_fused_cross_entropy_reads_the_logits_once_each_way(flat):
     assert unfused.fwd_s - fused.fwd_s == pytest.approx(logits * (2 + 36 - 2) / hbm, rel=1e-9)
     assert unfused.bwd_s - fused.bwd_s == pytest.approx(logits * (12 + 2 - 4) / hbm, rel=1e-9)
     assert fused.parts["gemm_fwd"] == unfused.parts["gemm_fwd"]
+
+
+BERT = TransformerDims(arch="bert", layers=2, hidden=1024, heads=16, seq_len=128, vocab=30528)
+
+
+def test_mlm_head_on_the_masked_positions_only(flat):
+    """BERT's dense sequence output (DeepLearningExamples): the head's transform, projection and
+    loss see `mlm_predictions` rows per sequence; the gather reads and writes those rows and its
+    backward zero-fills the gradient of every position, then adds the rows back."""
+    gpu = make_gpu(bw=1e18)                     # memory never binds: only the matmuls show
+    gathered = BERT.__class__(**{**BERT.to_dict(), "mlm_predictions": 20})
+    every = head_times(BERT, 4, 1, False, 1, "bf16", gpu, flat)
+    masked = head_times(gathered, 4, 1, False, 1, "bf16", gpu, flat)
+    assert masked.parts["gemm_fwd"] == pytest.approx(every.parts["gemm_fwd"] * 20 / 128)
+    assert masked.parts["gemm_bwd_weight"] == pytest.approx(every.parts["gemm_bwd_weight"] * 20 / 128)
+    gpu = make_gpu(peak=1e30)                    # now only the memory-bound kernels show
+    every = head_times(BERT, 4, 1, False, 1, "bf16", gpu, flat)
+    masked = head_times(gathered, 4, 1, False, 1, "bf16", gpu, flat)
+    hbm, e, h = gpu.memory_bandwidth_bytes_per_s, 2, BERT.hidden
+    rows, tokens = 4 * 20, 4 * 128
+    scale = rows / tokens
+    gather_f = 2 * e * rows * h / hbm
+    gather_b = (e * tokens * h + 2 * e * rows * h) / hbm
+    assert masked.parts["elementwise_fwd"] == pytest.approx(every.parts["elementwise_fwd"] * scale
+                                                            + gather_f)
+    assert masked.parts["elementwise_bwd"] == pytest.approx(every.parts["elementwise_bwd"] * scale
+                                                            + gather_b)
+
+
+def test_batched_attention_gemm_reads_every_heads_operand(flat):
+    """A stored-score attention's Q K^T is one batched GEMM of micro-batch x heads matrices, each
+    reading its own K: (s*hd + hd*s + s*s) elements per matrix, not one shared K."""
+    gpu = make_gpu(peak=1e30)                    # memory-bound: time is bytes / bandwidth
+    dims = BERT
+    lt = layer_times(dims, 4, 1, False, 1, "bf16", "none", gpu, flat, attention="unfused")
+    s, hd, batch, e = dims.seq_len, dims.head_dim, 4 * dims.heads, 2
+    per_matrix = (s * hd + hd * s + s * s) + (s * s + s * hd + s * hd)     # Q K^T, then P V
+    scores = batch * s * s
+    kernels = scores * (2 * e + 2 * e + 1)                                  # softmax, dropout
+    hbm = gpu.memory_bandwidth_bytes_per_s
+    assert lt.parts["attention_fwd"] == pytest.approx((e * batch * per_matrix + kernels) / hbm)
