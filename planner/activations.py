@@ -79,6 +79,7 @@ class ActivationSettings:
     flash_attention: bool = True
     softmax_fp32: bool = False      # stored-score attention keeps its softmax output in fp32
     fused_loss: bool = False        # a fused cross-entropy keeps the logits at their own precision
+    eager_norm: bool = False        # RMSNorms as fp32 PyTorch ops (training.norm_kernel: eager)
 
 
 class ActivationModel(Protocol):
@@ -169,10 +170,13 @@ def _has_dropout(dims: TransformerDims) -> bool:
 def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int = 1, sp: bool = False,
                            cp: int = 1, precision: str = "bf16", recompute: str = "none",
                            flash_attention: bool = True, decoder: bool = False,
-                           softmax_fp32: bool = False) -> float:
+                           softmax_fp32: bool = False, eager_norm: bool = False) -> float:
     """Bytes one Megatron-LM block keeps for its backward, one micro-batch (Korthikanti et al.
     2022, Sec. 4.1, Table 2). `softmax_fp32`: eager attention soft-maxes in fp32 and autograd keeps
-    that output for the softmax's backward, 4 bytes per score in place of the 16-bit 2."""
+    that output for the softmax's backward, 4 bytes per score in place of the 16-bit 2.
+    `eager_norm`: an RMSNorm written as PyTorch ops keeps the fp32 copy of its input (saved by
+    pow and by the multiply with 1/rms) and its normalised output before the weight (saved by the
+    weight multiply), not its 16-bit input: 4 bytes more per element of each norm."""
     e = element_bytes(precision)
     sb = dims.seq_len / cp * micro_batch
     h = dims.hidden
@@ -188,6 +192,8 @@ def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int =
     sublayers = 3 if decoder else 2
     # replicated across TP ranks unless sequence parallel: norm inputs, GEMM inputs (+ masks)
     replicated = e * (2 * sublayers) * h + (sublayers if _has_dropout(dims) else 0) * h
+    if eager_norm:
+        replicated += FP32 * sublayers * h
     # TP-sharded: Q, K, V, attention output (O-proj input), MLP up output and activation output
     sharded = e * attn_blocks * ((q_heads + 2 * kv_heads) * hd + q_heads * hd)
     sharded += e * ((2 if gated else 1) + 1) * dims.ffn_hidden / tp
@@ -245,7 +251,7 @@ class MegatronActivations:
                                       cp=s.context, precision=s.precision, recompute=s.recompute,
                                       flash_attention=s.flash_attention,
                                       decoder=layer.kind == "decoder",
-                                      softmax_fp32=s.softmax_fp32)
+                                      softmax_fp32=s.softmax_fp32, eager_norm=s.eager_norm)
 
 
 MODULES = ModuleActivations()

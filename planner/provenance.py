@@ -30,7 +30,8 @@ KINDS = ("facts", "measured", "fitted", "chosen")
 # Keys that describe numbers rather than being numbers of the model.
 META_KEYS = ("source", "notes", "command", "objective", "rows", "loss")
 # Unit of a number, by the end of the nearest key that names one (data keys carry their units).
-UNIT_SUFFIXES = (("_by_ideal_us", "fraction by ideal time (us)"), ("_by_mb", "fraction by MB"),
+UNIT_SUFFIXES = (("_bytes_per_element", "bytes per element"), ("_kernels", "kernels"),
+                 ("_by_ideal_us", "fraction by ideal time (us)"), ("_by_mb", "fraction by MB"),
                  ("_by_gpu", "fraction"), ("mnk_tflops", "[m, n, k, TFLOP/s]"),
                  ("_tflops", "TFLOP/s"), ("_us", "us"), ("_s", "s"), ("_mb", "MB"),
                  ("_gib", "GiB"), ("_fraction", "fraction"), ("_efficiency", "fraction"),

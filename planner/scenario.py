@@ -12,7 +12,7 @@ from typing import Any
 
 from partita.planner.documents import Checker, load_document
 from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, GRAD_REDUCE, OPTIMIZERS, PRECISIONS,
-                                   RECOMPUTE, REDUCE_DTYPES, SCHEDULES)
+                                   RECOMPUTE, REDUCE_DTYPES, SCHEDULES, KERNEL_FORMS)
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import ModelSpec, TransformerDims
 from partita.planner.paths import SCENARIOS_DIR
@@ -24,7 +24,8 @@ MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
                  "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32",
-                 "fused_cross_entropy", "recompute_num_layers", "grad_reduce_dtype")
+                 "fused_cross_entropy", "recompute_num_layers", "grad_reduce_dtype", "norm_kernel",
+                 "rope_kernel")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap", "data_shard")
@@ -89,6 +90,11 @@ class TrainingSpec:
                                     # the wire; the buffers held stay the framework's): auto (ZeRO
                                     # 0-2 as Megatron-LM, fp32 for bf16; ZeRO-3 the compute dtype,
                                     # FSDP's default) | fp32 (torchtitan, Composer's DEFAULT) | bf16 | fp16
+    norm_kernel: str = "fused"      # RMSNorm as one kernel each way (Apex, Transformer Engine, a
+                                    # Triton kernel) | eager: PyTorch ops in fp32 (Hugging Face's
+                                    # LlamaRMSNorm, torchtitan's rmsnorm, fms; simulator/eagerops.py)
+    rope_kernel: str = "fused"      # RoPE as one kernel | eager: complex multiply in fp32 (Meta's
+                                    # and torchtitan's apply_rotary_emb)
 
     def recomputed_blocks(self, blocks: int) -> int:
         """How many of a chunk's `blocks` transformer blocks run their forward again in backward:
@@ -188,6 +194,9 @@ class Scenario:
             out["training"]["recompute_num_layers"] = t.recompute_num_layers
         if t.grad_reduce_dtype != "auto":
             out["training"]["grad_reduce_dtype"] = t.grad_reduce_dtype
+        for key in ("norm_kernel", "rope_kernel"):
+            if getattr(t, key) != "fused":
+                out["training"][key] = getattr(t, key)
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -339,7 +348,9 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         attention_softmax_fp32=_softmax_fp32(c),
                         fused_cross_entropy=c.bool("fused_cross_entropy", False),
                         recompute_num_layers=_recompute_num_layers(c),
-                        grad_reduce_dtype=c.choice("grad_reduce_dtype", REDUCE_DTYPES, "auto"))
+                        grad_reduce_dtype=c.choice("grad_reduce_dtype", REDUCE_DTYPES, "auto"),
+                        norm_kernel=c.choice("norm_kernel", KERNEL_FORMS, "fused"),
+                        rope_kernel=c.choice("rope_kernel", KERNEL_FORMS, "fused"))
 
 
 def _recompute_num_layers(c: Checker) -> int | None:

@@ -22,6 +22,7 @@ from partita.planner.enums import RECOMPUTE
 from partita.planner.errors import PartitaError
 from partita.planner.hardware import GPU
 from partita.planner.modelspec import TransformerDims
+from partita.simulator import eagerops
 from partita.simulator.calibration import Calibration, GpuCalibration
 
 CAUSAL_FRACTION = 0.5      # flash kernels skip the masked upper triangle (FA2/FA3 count it so too)
@@ -239,7 +240,8 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
 def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: int,
                 precision: str, recompute: str, gpu: GPU, cal: Calibration,
                 *, decoder: bool = False, attention: str = "flash",
-                fused_elementwise: bool = True, softmax_fp32: bool = False) -> LayerTimes:
+                fused_elementwise: bool = True, softmax_fp32: bool = False,
+                norm_kernel: str = "fused", rope_kernel: str = "fused") -> LayerTimes:
     """One transformer block (a t5 decoder block with decoder=True) for one micro-batch.
 
     attention "flash": one fused kernel that never stores the scores (Dao et al. 2022), the GPU's
@@ -252,7 +254,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     same with the scale, mask and softmax as separate kernels (Megatron-LM 2019).
     `fused_elementwise`: bias-GeLU and bias-dropout-add as single kernels (see
     `_block_elementwise_bytes`); `softmax_fp32`: eager attention's softmax in fp32 (see
-    `_unfused_attention`)."""
+    `_unfused_attention`); `norm_kernel`, `rope_kernel` "eager": the RMSNorms and RoPE as PyTorch
+    ops in fp32, at their measured traffic (`simulator.eagerops`)."""
     if recompute not in RECOMPUTE:
         raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
                            f"got {recompute!r}")
@@ -282,8 +285,11 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
             attn_b += _attention(flops, False, gpu, precision, g, True, *shape)
     ew_bytes = _block_elementwise_bytes(dims, micro_batch, tp, cp, sp, precision, decoder,
                                         fused_elementwise)
-    ew_f = _elementwise(ew_bytes, gpu, g)
-    ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes, gpu, g)
+    eager_f, eager_b = eagerops.extra_bytes(dims, micro_batch, tp, cp, sp, decoder,
+                                            element_bytes(precision), norm=norm_kernel,
+                                            rope=rope_kernel)
+    ew_f = _elementwise(ew_bytes + eager_f, gpu, g)
+    ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes + eager_b, gpu, g)
     fwd = gemm_f + attn_f + ew_f
     redo_gemm = 0.0
     if recompute == "selective-op":

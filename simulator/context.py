@@ -62,6 +62,7 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
                            "trains on); add model.seq_len, e.g. seq_len: 4096")
     dims = spec.resolve()
     check_plan(scenario, gpus, dims)
+    check_kernel_forms(scenario.training, dims, where)
     profile = None
     if dims is None:                      # a torch module: cost it from its meta-device profile
         profile = profiled.load_profile(scenario)
@@ -79,3 +80,23 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
     return StepContext(scenario=scenario, system=system, gpus=gpus, dims=dims, parallel=p,
                        training=scenario.training, microbatches=scenario.microbatches(),
                        placement=placement, profile=profile)
+
+
+# The archs whose blocks have the layer each eager form replaces: RMSNorm (Llama; T5's LayerNorm
+# is an RMSNorm) and rotary embeddings (Llama).
+EAGER_ARCHS = {"norm_kernel": ("llama", "t5"), "rope_kernel": ("llama",)}
+
+
+def check_kernel_forms(training, dims, where: str = "") -> None:
+    """training.norm_kernel / rope_kernel: eager only where the model has that layer (GPT's and
+    BERT's LayerNorm is torch's one native kernel even in eager PyTorch; they have no RoPE), and
+    not for a profiled module, whose kernels its profile times."""
+    for key, archs in EAGER_ARCHS.items():
+        if getattr(training, key) != "eager":
+            continue
+        arch = "a model.module" if dims is None else f"arch {dims.arch}"
+        if dims is None or dims.arch not in archs:
+            raise PartitaError(f"{where}training.{key}: eager is for arch {' or '.join(archs)} "
+                               f"(the {'RMSNorm' if key == 'norm_kernel' else 'rotary embedding'} "
+                               f"it replaces), not {arch}; remove the key or set it to fused")
+

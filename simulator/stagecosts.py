@@ -27,6 +27,7 @@ from partita.planner.stages import chunk_ranges
 from partita.simulator.chunkcost import ChunkCost
 from partita.simulator.compute import (LayerTimes, element_bytes,
                                        elementwise_time, embedding_times, head_times, layer_times)
+from partita.simulator import eagerops
 from partita.simulator.context import StepContext
 from partita.simulator.host import (BACKWARD_KERNELS_PER_FORWARD, EMBEDDING_FORWARD_KERNELS,
                                     HEAD_FORWARD_KERNELS, forward_kernels)
@@ -86,7 +87,8 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
     lt: LayerTimes = layer_times(d, t.micro_batch, p.tensor, p.sequence_parallel, p.context,
                                  t.precision, recompute, gpu, cal, decoder=decoder,
                                  attention=t.attention, fused_elementwise=t.fused_elementwise,
-                                 softmax_fp32=t.attention_softmax_fp32)
+                                 softmax_fp32=t.attention_softmax_fp32,
+                                 norm_kernel=t.norm_kernel, rope_kernel=t.rope_kernel)
     lt = sustained(lt, oh, gpu, t.precision, oh.block_overhead(t.framework), t.framework)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
@@ -139,7 +141,8 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
     exposed: beyond the device time, or all of it when launches block."""
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
-                         fused_elementwise=t.fused_elementwise)
+                         fused_elementwise=t.fused_elementwise) + eagerops.extra_forward_kernels(
+        env.ctx.dims, decoder, norm=t.norm_kernel, rope=t.rope_kernel)
     recomputed = kf if recompute in WHOLE_FORWARD_AGAIN else 0   # a forward again, with autograd
     hf = host.exposed(fwd, kf, t.launch_blocking)
     hb = host.exposed(bwd, recomputed, t.launch_blocking,

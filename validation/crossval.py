@@ -33,7 +33,7 @@ from partita.validation.runner import Split, Summary, load_split, summarize
 INPUT_FILES = (VALIDATION_DIR / "published_dev.csv", VALIDATION_DIR / "split.yaml",
                VALIDATION_DIR / "rowmap.yaml", CALIBRATION_DIR / "training.yaml",
                CALIBRATION_DIR / "host.yaml", CALIBRATION_DIR / "compute.yaml",
-               CALIBRATION_DIR / "network.yaml")
+               CALIBRATION_DIR / "network.yaml", CALIBRATION_DIR / "eager_kernels.yaml")
 
 
 @dataclass(frozen=True)

@@ -146,6 +146,10 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
         training["attention_softmax_fp32"] = True
     if rules.value(row, "fused_cross_entropy", notes):
         training["fused_cross_entropy"] = True
+    for key in ("norm_kernel", "rope_kernel"):
+        form = rules.value(row, key, notes)
+        if form is not None and form != "fused":
+            training[key] = form
     reduce_dtype = rules.value(row, "grad_reduce_dtype", notes)
     if reduce_dtype is not None:
         training["grad_reduce_dtype"] = reduce_dtype

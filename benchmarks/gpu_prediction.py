@@ -1,0 +1,104 @@
+"""The simulator's block times against blocks measured on a GPU by bench_gpu_kernels.py.
+
+    python benchmarks/gpu_prediction.py [GPU.json] [--run first|second] [--system hgx-h200]
+
+GPU.json is what bench_gpu_kernels.py wrote, or the stored H200 measurement
+(data/validation/gpu/h200_kernels.json, the default; `--run` picks one of its two runs).
+
+For every measured block (partita's own torch block, bf16 weights, eager PyTorch; its Llama
+RMSNorm and RoPE priced as the eager forms unless --fused) it prints the
+simulator's forward and backward per block (`stagecosts.block_cost`: kernels at the sustained
+fractions, host dispatch where it is exposed) next to the measured ones, and the device time by
+kernel class (GEMM, attention, other) next to the simulator's parts. Ratios are predicted /
+measured. The measured blocks ran a few hundred milliseconds each: short enough that the GPU's
+clock had not settled to its sustained level (see the `sustained` part of the JSON).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+from pathlib import Path
+
+from partita.planner.catalog import load_catalog
+from partita.planner.paths import VALIDATION_DIR
+from partita.planner.scenario import parse_scenario
+from partita.simulator.calibration import load_calibration
+from partita.simulator.compute import layer_times
+from partita.simulator.context import resolve
+from partita.simulator.host import load_host_costs
+from partita.simulator.network import build_topology
+from partita.simulator.overheads import load_overheads
+from partita.simulator.stagecosts import block_cost
+from partita.simulator.stepenv import StepEnv
+
+
+STORED = VALIDATION_DIR / "gpu" / "h200_kernels.json"
+
+
+def predicted(row: dict, system: str, attention: str, framework: str, eager: bool) -> tuple:
+    doc = {"name": row["name"],
+           "model": {k: row[k] for k in ("arch", "hidden", "heads", "kv_heads", "ffn_hidden",
+                                         "seq_len")} | {"layers": row["layers"], "vocab": 128},
+           "cluster": {"system": system, "gpus": 1},
+           "training": {"global_batch": row["micro_batch"], "micro_batch": row["micro_batch"],
+                        "precision": "bf16", "attention": attention, "framework": framework,
+                        "fused_elementwise": False} | (
+                            {"norm_kernel": "eager", "rope_kernel": "eager"}
+                            if row["arch"] == "llama" and eager else {}),
+           "parallel": {"pipeline": 1}}
+    catalog, cal = load_catalog(), load_calibration(include_local=False)
+    ctx = resolve(parse_scenario(doc), catalog)
+    env = StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal, oh=load_overheads(),
+                  host=load_host_costs())
+    cost = block_cost(env, decoder=False)
+    t = ctx.training
+    lt = layer_times(ctx.dims, t.micro_batch, 1, False, 1, "bf16", "none", ctx.system.gpu, cal,
+                     attention=t.attention, fused_elementwise=False, norm_kernel=t.norm_kernel,
+                     rope_kernel=t.rope_kernel)
+    return cost, lt
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json", nargs="?", default=str(STORED))
+    ap.add_argument("--run", choices=("first", "second"), default="second")
+    ap.add_argument("--system", default="hgx-h200")
+    ap.add_argument("--attention", default="flash")
+    ap.add_argument("--framework", default="fsdp")
+    ap.add_argument("--fused", action="store_true",
+                    help="price the Llama blocks' RMSNorm and RoPE as fused kernels (partita's torch "
+                         "Llama runs them as PyTorch ops: training.norm_kernel/rope_kernel eager)")
+    args = ap.parse_args(argv)
+    data = json.loads(Path(args.json).read_text())
+    if "blocks" not in data:                       # the stored file holds two runs
+        data = {**data, **data[args.run]}
+    print(f"{data.get('gpu') or data.get('device')}, torch {data['torch']}: simulator on {args.system}, "
+          f"attention {args.attention}, framework {args.framework}")
+    print(f"{'block':<11}{'mb':>3} {'fwd ms':>7} {'pred':>7} {'ratio':>6} {'bwd ms':>7} {'pred':>7} "
+          f"{'ratio':>6} | device ms (kernels at burst clock): gemm pred/meas, attn, other")
+    ratios = []
+    for row in data["blocks"]:
+        cost, lt = predicted(row, args.system, args.attention, args.framework, not args.fused)
+        f, b = row["fwd_s_per_block"], row["bwd_s_per_block"]
+        rf, rb = cost.fwd_s / f, (cost.bwd_s) / b
+        ratios.append((cost.fwd_s + cost.bwd_s) / (f + b))
+        cls = row.get("by_class_s_per_block", {}).get("classes", {})
+        p = lt.parts
+        gemm = p["gemm_fwd"] + p["gemm_bwd_input"] + p["gemm_bwd_weight"]
+        attn = p["attention_fwd"] + p["attention_bwd"]
+        other = p["elementwise_fwd"] + p["elementwise_bwd"]
+        print(f"{row['name']:<11}{row['micro_batch']:>3} {f * 1e3:7.3f} {cost.fwd_s * 1e3:7.3f} "
+              f"{rf:6.2f} {b * 1e3:7.3f} {cost.bwd_s * 1e3:7.3f} {rb:6.2f} | "
+              f"{gemm * 1e3:6.3f}/{cls.get('gemm', 0) * 1e3:6.3f} "
+              f"{attn * 1e3:6.3f}/{cls.get('attention', 0) * 1e3:6.3f} "
+              f"{other * 1e3:6.3f}/{cls.get('other', 0) * 1e3:6.3f}")
+    print(f"fwd+bwd predicted / measured: median {statistics.median(ratios):.2f}, "
+          f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} blocks")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
