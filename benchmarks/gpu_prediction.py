@@ -68,6 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system", default="hgx-h200")
     ap.add_argument("--attention", default="flash")
     ap.add_argument("--framework", default="fsdp")
+    ap.add_argument("--figure", metavar="OUT.png",
+                    help="also draw predicted against measured forward + backward per block")
     ap.add_argument("--fused", action="store_true",
                     help="price the Llama blocks' RMSNorm and RoPE as fused kernels (partita's torch "
                          "Llama runs them as PyTorch ops: training.norm_kernel/rope_kernel eager)")
@@ -79,13 +81,14 @@ def main(argv: list[str] | None = None) -> int:
           f"attention {args.attention}, framework {args.framework}")
     print(f"{'block':<11}{'mb':>3} {'fwd ms':>7} {'pred':>7} {'ratio':>6} {'bwd ms':>7} {'pred':>7} "
           f"{'ratio':>6} | device ms (kernels at burst clock): gemm pred/meas, attn, other")
-    ratios = []
+    ratios, points = [], []
     for row in data["blocks"]:
         cost, lt = predicted(row, args.system, args.attention, args.framework, not args.fused)
         f, b = row["fwd_s_per_block"], row["bwd_s_per_block"]
         rf, rb = cost.fwd_s / f, (cost.bwd_s) / b
         ratios.append((cost.fwd_s + cost.bwd_s) / (f + b))
         cls = row.get("by_class_s_per_block", {}).get("classes", {})
+        points.append((row, f + b, cost.fwd_s + cost.bwd_s, cls))
         p = lt.parts
         gemm = p["gemm_fwd"] + p["gemm_bwd_input"] + p["gemm_bwd_weight"]
         attn = p["attention_fwd"] + p["attention_bwd"]
@@ -97,7 +100,52 @@ def main(argv: list[str] | None = None) -> int:
               f"{other * 1e3:6.3f}/{cls.get('other', 0) * 1e3:6.3f}")
     print(f"fwd+bwd predicted / measured: median {statistics.median(ratios):.2f}, "
           f"range {min(ratios):.2f}-{max(ratios):.2f} over {len(ratios)} blocks")
+    if args.figure:
+        draw(points, data.get("gpu") or data.get("device"), Path(args.figure))
+        print(f"figure: {args.figure}")
     return 0
+
+
+def draw(points: list, gpu: str, out: Path) -> None:
+    """Left: predicted against measured forward + backward per block (log-log, y = x and +-10%);
+    right: where a block's device time went, measured kernels by class, per block."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (ax, bx) = plt.subplots(1, 2, figsize=(13, 5.5))
+    cmap = plt.get_cmap("tab10")
+    names = list(dict.fromkeys(row["name"] for row, *_ in points))
+    for i, name in enumerate(names):
+        mine = [(m, p, row["micro_batch"]) for row, m, p, _ in points if row["name"] == name]
+        ax.scatter([m * 1e3 for m, _, _ in mine], [p * 1e3 for _, p, _ in mine], s=30,
+                   color=cmap(i), label=name)
+        for m, p, mb in mine:
+            ax.annotate(f"{mb}", (m * 1e3, p * 1e3), fontsize=7, xytext=(3, 2),
+                        textcoords="offset points")
+    lo = min(min(m, p) for _, m, p, _ in points) * 1e3 * 0.8
+    hi = max(max(m, p) for _, m, p, _ in points) * 1e3 * 1.25
+    ax.plot([lo, hi], [lo, hi], color="black", lw=1)
+    for f in (0.9, 1.1):
+        ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.8, ls="--")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+           xlabel="measured forward + backward per block (ms)", ylabel="predicted (ms)",
+           title=f"partita's blocks on {gpu}: simulator vs measured (label: micro-batch)")
+    ax.legend(fontsize=8)
+    labels = [f"{row['name']} x{row['micro_batch']}" for row, *_ in points]
+    bottom = [0.0] * len(points)
+    for j, kind in enumerate(("gemm", "attention", "other")):
+        share = [c.get(kind, 0.0) / m for (_, m, _, c) in points]
+        bx.barh(labels, share, left=bottom, color=cmap(j), label=kind)
+        bottom = [b + s for b, s in zip(bottom, share)]
+    bx.barh(labels, [max(0.0, 1 - b) for b in bottom], left=bottom, color="lightgrey",
+            label="idle (host, gaps)")
+    bx.set(xlabel="share of the measured forward + backward (kernels from a profiled pass)",
+           xlim=(0, max(1.0, max(bottom)) * 1.02), title="measured device time by kernel class")
+    bx.tick_params(axis="y", labelsize=7)
+    bx.invert_yaxis()
+    bx.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=4)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
 
 
 if __name__ == "__main__":
