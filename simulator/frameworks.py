@@ -21,6 +21,7 @@ from partita.planner.paths import DATA_DIR
 FRAMEWORKS_FILE = DATA_DIR / "frameworks.yaml"
 ZERO3_GATHERS = ("flat", "per_tensor")
 
+LOSS_FORMS = ("vocab_parallel", "torch")     # the cross-entropy forms (simulator/memory.py)
 
 @dataclass(frozen=True, kw_only=True)
 class FrameworkProfile:
@@ -34,6 +35,7 @@ class FrameworkProfile:
     zero3_list_collectives_without_prefetch: bool
     bf16_fp32_gradient_copy: bool
     bf16_microbatch_gradient_accumulation: bool
+    loss: str                               # vocab_parallel | torch
 
 
 FLAGS = tuple(f.name for f in fields(FrameworkProfile) if f.name != "name")
@@ -60,7 +62,8 @@ def _profile(c: Checker, name: str) -> FrameworkProfile:
         zero3_regather_on_recompute=c.bool("zero3_regather_on_recompute", False),
         zero3_list_collectives_without_prefetch=c.bool("zero3_list_collectives_without_prefetch", False),
         bf16_fp32_gradient_copy=c.bool("bf16_fp32_gradient_copy", False),
-        bf16_microbatch_gradient_accumulation=c.bool("bf16_microbatch_gradient_accumulation", False))
+        bf16_microbatch_gradient_accumulation=c.bool("bf16_microbatch_gradient_accumulation", False),
+        loss=c.choice("loss", LOSS_FORMS))
 
 
 @lru_cache(maxsize=4)

@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from partita.planner import inventory
-from partita.planner.activations import MEGATRON, ActivationModel, ActivationSettings
+from partita.planner.activations import (FP32, MEGATRON, ActivationModel, ActivationSettings,
+                                        element_bytes)
 from partita.planner.enums import WHOLE_FORWARD_AGAIN
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
@@ -246,7 +247,11 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     if last:                      # the head's activations: final-norm and head inputs, fp32 logits
         logits = activation_model.layer_bytes(dims, inventory.layers(dims)[-1], s)
         details["logits"] = logits
-        other += logits
+        e = element_bytes(precision)
+        peak = loss_peak_bytes_per_logit(framework_profile(framework).loss, e, fused_loss)
+        rows = dims.head_positions / cp * micro_batch
+        details["loss_peak"] = rows * dims.vocab / tp * (peak - (e if fused_loss else FP32))
+        other += logits + details["loss_peak"]
     if zero >= 3:                 # two layers' full parameters gathered at once (prefetch)
         layer = block_parameters(dims, decoder=decoder_blocks > 0) / tp
         gathered = 2 * layer * (4.0 if precision in ("fp32", "tf32") else 2.0)
@@ -256,6 +261,29 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     reserve = cal.memory.reserve_bytes(allocated, framework)
     details["framework_reserve"] = reserve
     return MemoryEstimate(params * w, params * g, params * o, activations, other + reserve, details)
+
+
+def loss_peak_bytes_per_logit(loss: str, e: int, fused: bool) -> float:
+    """Bytes per logit the cross-entropy holds at its peak, logits and gradients together (the
+    head's activation accounting keeps 4, the fp32 softmax, or e for a fused loss).
+
+    vocab_parallel, Megatron-LM's VocabParallelCrossEntropy (megatron/core/tensor_parallel/
+    cross_entropy.py): the 16-bit logits and their fp32 copy in the forward (softmax made in place
+    on the copy and saved); in the backward the saved softmax becomes the gradient in place and is
+    cast to 16 bits: 4 + e (4 in fp32 training, where the cast copies nothing).
+    torch, F.cross_entropy on the logits cast to fp32 (partita's executor, executor/stages.py; the
+    Llama models of Meta and torchtitan return self.output(h).float()): the 16-bit logits, the
+    fp32 log-softmax it saves, the NLL's dense gradient and the log-softmax's gradient at once:
+    e + 12. Measured on an H200 (benchmarks/bench_gpu_kernels.py --only loss_memory, the LM head's
+    weight and input gradients included): 14.3-16.0 for bf16; 8.3-10.0 without the fp32 cast.
+    torchtitan deletes its fp32 logits before the backward (12 there).
+    fused (`training.fused_cross_entropy`): the logits at their precision, the gradient written in
+    place: e."""
+    if fused:
+        return float(e)
+    if loss == "vocab_parallel":
+        return FP32 + (e if e < FP32 else 0)
+    return e + 3.0 * FP32
 
 
 def chunk_parameters(dims: TransformerDims, parallel: ParallelSpec) -> list[float]:

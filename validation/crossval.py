@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from partita.planner.paths import CALIBRATION_DIR, VALIDATION_DIR
+from partita.planner.paths import CALIBRATION_DIR, DATA_DIR, VALIDATION_DIR
 from partita.fitting.step_time import FitResult, Predictor, fit
 from partita.simulator.interval import RESIDUALS_FILE, scenario_regime
 from partita.validation.rowmap import MappedRow, map_row, read_rows
@@ -33,7 +33,8 @@ from partita.validation.runner import Split, Summary, load_split, summarize
 INPUT_FILES = (VALIDATION_DIR / "published_dev.csv", VALIDATION_DIR / "split.yaml",
                VALIDATION_DIR / "rowmap.yaml", CALIBRATION_DIR / "training.yaml",
                CALIBRATION_DIR / "host.yaml", CALIBRATION_DIR / "compute.yaml",
-               CALIBRATION_DIR / "network.yaml", CALIBRATION_DIR / "eager_kernels.yaml")
+               CALIBRATION_DIR / "network.yaml", CALIBRATION_DIR / "eager_kernels.yaml",
+               DATA_DIR / "frameworks.yaml")
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,8 @@ def _write(tmp_path, text):
 
 def _entry(name, source='source: "x"', **flags):
     values = {k: "false" for k in FLAGS} | {"zero3_gather": "flat",
-                                            "zero3_persistence_threshold_params": "0"} | flags
+                                            "zero3_persistence_threshold_params": "0",
+                                            "loss": "torch"} | flags
     body = "".join(f"    {k}: {v}\n" for k, v in values.items())
     return f"  {name}:\n    {source}\n{body}"
 
@@ -47,6 +48,9 @@ def test_a_profile_without_a_source_or_a_flag_is_refused(tmp_path):
         load_frameworks(nosource)
     bad = _write(tmp_path, "frameworks:\n" + _entry("fsdp", zero3_gather="tree"))
     with pytest.raises(PartitaError, match="zero3_gather: expected one of flat, per_tensor"):
+        load_frameworks(bad)
+    bad = _write(tmp_path, "frameworks:\n" + _entry("fsdp", loss="fused"))
+    with pytest.raises(PartitaError, match="fsdp.loss: expected one of vocab_parallel, torch"):
         load_frameworks(bad)
     unknown = _write(tmp_path, "frameworks:\n" + _entry("jax"))
     with pytest.raises(PartitaError, match="unknown key"):

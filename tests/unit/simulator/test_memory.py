@@ -157,6 +157,28 @@ def test_a_fused_loss_keeps_the_logits_at_their_own_precision():
         GPT.seq_len * GPT.vocab * (4 - 2))
 
 
+@pytest.mark.parametrize("framework, precision, fused, per_logit", [
+    ("megatron", "bf16", False, 4 + 2),      # 16-bit logits beside their fp32 copy; in place after
+    ("megatron", "fp32", False, 4),          # the cast copies nothing
+    ("deepspeed", "fp16", False, 4 + 2),     # Megatron-DeepSpeed runs Megatron's cross-entropy
+    ("fsdp", "bf16", False, 2 + 12),         # 16-bit logits, fp32 log-softmax and two gradients
+    ("fsdp", "fp32", False, 4 + 12),
+    ("fsdp", "bf16", True, 2),               # fused: the logits at their precision, in place
+])
+def test_the_loss_peak_per_logit(cal, framework, precision, fused, per_logit):
+    """The cross-entropy's peak beyond the head's kept logits (4 bytes, e when fused), once per
+    stage holding the head, by the framework's loss form (data/frameworks.yaml `loss`)."""
+    m = stage_memory(GPT, micro_batch=2, precision=precision, optimizer="adam", recompute="none",
+                     cal=cal, tp=2, framework=framework, fused_loss=fused)
+    kept = (2 if precision == "bf16" else 4) if fused else 4
+    logits = 2 * GPT.seq_len * GPT.vocab / 2
+    assert m.details["loss_peak"] == pytest.approx(logits * (per_logit - kept))
+    none = stage_memory(GPT, micro_batch=2, precision=precision, optimizer="adam",
+                        recompute="none", cal=cal, tp=2, framework=framework, fused_loss=fused,
+                        last=False)
+    assert "loss_peak" not in none.details
+
+
 def test_fp32_doubles_the_two_byte_terms():
     sbh = GPT.seq_len * GPT.hidden
     kw = dict(recompute="selective", flash_attention=False)

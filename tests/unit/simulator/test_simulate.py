@@ -701,7 +701,10 @@ def test_recomputing_some_blocks_per_chunk_lies_between_none_and_full():
         assert some[n].step_time_s < some[n + 1].step_time_s
         assert some[n].peak_memory_gib > some[n + 1].peak_memory_gib
     assert none.step_time_s < some[1].step_time_s
-    assert some[1].peak_memory_gib < none.peak_memory_gib
+    # the first stage holds two micro-batches under 1F1B: one recomputed block saves there (the
+    # last stage, one micro-batch, holds the rerun block whole instead, and the loss's peak)
+    first = [r.details["stage_memory_bytes"][0]["activations"] for r in (some[1], none)]
+    assert first[0] < first[1]
     for n in (4, 9):                                  # every block of the chunk, as full recompute
         assert some[n].step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
         assert some[n].peak_memory_gib == pytest.approx(full.peak_memory_gib, rel=1e-12)
