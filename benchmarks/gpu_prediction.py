@@ -23,6 +23,7 @@ import sys
 from pathlib import Path
 
 from partita.planner.catalog import load_catalog
+from partita.planner.errors import PartitaError
 from partita.planner.paths import VALIDATION_DIR
 from partita.planner.scenario import parse_scenario
 from partita.simulator.calibration import load_calibration
@@ -149,4 +150,8 @@ def draw(points: list, gpu: str, out: Path) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except PartitaError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(1)
