@@ -321,6 +321,13 @@ def rope_complex(x, freqs):
     return torch.view_as_real(xc * freqs).flatten(-2).type_as(x)
 
 
+def rope_matrix(x, rot):
+    """fms's RotaryEmbedding.adjusted_qk: pairs of x.float() times cached fp32 2 x 2 rotations,
+    summed, cast back (foundation-model-stack fms/modules/positions.py)."""
+    pairs = x.float().view(*x.shape[:-1], -1, 1, 2)
+    return rot.mul(pairs).sum(-1).flatten(-2).type_as(x)
+
+
 def rope_half(x, cos, sin):
     """Hugging Face's apply_rotary_pos_emb: x * cos + rotate_half(x) * sin."""
     x1, x2 = x.chunk(2, dim=-1)
@@ -339,6 +346,8 @@ def bench_eager_ops(device, quick: bool) -> list[dict]:
     freqs = torch.polar(torch.ones_like(ang), ang)[None, :, None, :]
     cos = torch.cat((ang.cos(), ang.cos()), -1)[None, :, None, :].to(DTYPE)
     sin = torch.cat((ang.sin(), ang.sin()), -1)[None, :, None, :].to(DTYPE)
+    c, s_ = ang.cos(), ang.sin()
+    rot = torch.stack([c, -s_, s_, c], dim=-1).view(tokens, hd // 2, 2, 2)[None, :, None]
     gate = torch.randn(tokens, ffn, device=device, dtype=DTYPE, requires_grad=True)
     up = torch.randn(tokens, ffn, device=device, dtype=DTYPE, requires_grad=True)
     cases = {
@@ -347,6 +356,7 @@ def bench_eager_ops(device, quick: bool) -> list[dict]:
         "layernorm_native": ((x, w), lambda: F.layer_norm(x, (h,), w, None, 1e-5)),
         "rope_complex": ((q,), lambda: rope_complex(q, freqs)),
         "rope_rotate_half": ((q,), lambda: rope_half(q, cos, sin)),
+        "rope_matrix": ((q,), lambda: rope_matrix(q, rot)),
         "swiglu_eager": ((gate, up), lambda: F.silu(gate) * up),
         "residual_add": ((x,), lambda: x + x.detach()),
     }

@@ -6,7 +6,7 @@ GPU.json is what bench_gpu_kernels.py wrote, or the stored H200 measurement
 (data/validation/gpu/h200_kernels.json, the default; `--run` picks one of its two runs).
 
 For every measured block (partita's own torch block, bf16 weights, eager PyTorch; its Llama
-RMSNorm and RoPE priced as the eager forms unless --fused) it prints the
+RMSNorm and rotate-half RoPE priced as the eager forms unless --fused) it prints the
 simulator's forward and backward per block (`stagecosts.block_cost`: kernels at the sustained
 fractions, host dispatch where it is exposed) next to the measured ones, and the device time by
 kernel class (GEMM, attention, other) next to the simulator's parts. Ratios are predicted /
@@ -47,7 +47,7 @@ def predicted(row: dict, system: str, attention: str, framework: str, eager: boo
            "training": {"global_batch": row["micro_batch"], "micro_batch": row["micro_batch"],
                         "precision": "bf16", "attention": attention, "framework": framework,
                         "fused_elementwise": False} | (
-                            {"norm_kernel": "eager", "rope_kernel": "eager"}
+                            {"norm_kernel": "eager", "rope_kernel": "rotate-half"}
                             if row["arch"] == "llama" and eager else {}),
            "parallel": {"pipeline": 1}}
     catalog, cal = load_catalog(), load_calibration(include_local=False)

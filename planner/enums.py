@@ -21,5 +21,6 @@ FRAMEWORKS = ("megatron", "deepspeed", "fsdp")                         # trainin
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")       # parallel.schedule
 GRAD_REDUCE = ("auto", "ring", "tree", "hierarchical", "parameter-server")  # parallel.grad_reduce
 REDUCE_DTYPES = ("auto", "fp32", "bf16", "fp16")                      # training.grad_reduce_dtype
-KERNEL_FORMS = ("fused", "eager")                 # training.norm_kernel, training.rope_kernel
+NORM_FORMS = ("fused", "eager")                                    # training.norm_kernel
+ROPE_FORMS = ("fused", "complex", "rotate-half", "matrix")          # training.rope_kernel
 OPTIMIZE = ("speed", "memory")                                         # the partitioner's objective

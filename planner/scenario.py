@@ -12,7 +12,8 @@ from typing import Any
 
 from partita.planner.documents import Checker, load_document
 from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, GRAD_REDUCE, OPTIMIZERS, PRECISIONS,
-                                   RECOMPUTE, REDUCE_DTYPES, SCHEDULES, KERNEL_FORMS)
+                                   RECOMPUTE, REDUCE_DTYPES, SCHEDULES, NORM_FORMS,
+                                   ROPE_FORMS)
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import ModelSpec, TransformerDims
 from partita.planner.paths import SCENARIOS_DIR
@@ -93,8 +94,9 @@ class TrainingSpec:
     norm_kernel: str = "fused"      # RMSNorm as one kernel each way (Apex, Transformer Engine, a
                                     # Triton kernel) | eager: PyTorch ops in fp32 (Hugging Face's
                                     # LlamaRMSNorm, torchtitan's rmsnorm, fms; simulator/eagerops.py)
-    rope_kernel: str = "fused"      # RoPE as one kernel | eager: complex multiply in fp32 (Meta's
-                                    # and torchtitan's apply_rotary_emb)
+    rope_kernel: str = "fused"      # RoPE as one kernel | the eager forms: complex (fp32 complex
+                                    # multiply: Meta's, torchtitan's) | rotate-half (Hugging Face's,
+                                    # partita's executor) | matrix (fp32 2 x 2 rotations: fms)
 
     def recomputed_blocks(self, blocks: int) -> int:
         """How many of a chunk's `blocks` transformer blocks run their forward again in backward:
@@ -349,8 +351,8 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         fused_cross_entropy=c.bool("fused_cross_entropy", False),
                         recompute_num_layers=_recompute_num_layers(c),
                         grad_reduce_dtype=c.choice("grad_reduce_dtype", REDUCE_DTYPES, "auto"),
-                        norm_kernel=c.choice("norm_kernel", KERNEL_FORMS, "fused"),
-                        rope_kernel=c.choice("rope_kernel", KERNEL_FORMS, "fused"))
+                        norm_kernel=c.choice("norm_kernel", NORM_FORMS, "fused"),
+                        rope_kernel=c.choice("rope_kernel", ROPE_FORMS, "fused"))
 
 
 def _recompute_num_layers(c: Checker) -> int | None:

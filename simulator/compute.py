@@ -254,8 +254,9 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     same with the scale, mask and softmax as separate kernels (Megatron-LM 2019).
     `fused_elementwise`: bias-GeLU and bias-dropout-add as single kernels (see
     `_block_elementwise_bytes`); `softmax_fp32`: eager attention's softmax in fp32 (see
-    `_unfused_attention`); `norm_kernel`, `rope_kernel` "eager": the RMSNorms and RoPE as PyTorch
-    ops in fp32, at their measured traffic (`simulator.eagerops`)."""
+    `_unfused_attention`); `norm_kernel` "eager", `rope_kernel` "complex", "rotate-half" or
+    "matrix": the RMSNorms and RoPE as PyTorch ops, at their measured traffic
+    (`simulator.eagerops`)."""
     if recompute not in RECOMPUTE:
         raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
                            f"got {recompute!r}")

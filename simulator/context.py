@@ -88,15 +88,15 @@ EAGER_ARCHS = {"norm_kernel": ("llama", "t5"), "rope_kernel": ("llama",)}
 
 
 def check_kernel_forms(training, dims, where: str = "") -> None:
-    """training.norm_kernel / rope_kernel: eager only where the model has that layer (GPT's and
-    BERT's LayerNorm is torch's one native kernel even in eager PyTorch; they have no RoPE), and
-    not for a profiled module, whose kernels its profile times."""
+    """training.norm_kernel / rope_kernel: an eager form only where the model has that layer
+    (GPT's and BERT's LayerNorm is torch's one native kernel even in eager PyTorch; they have no
+    RoPE), and not for a profiled module, whose kernels its profile times."""
     for key, archs in EAGER_ARCHS.items():
-        if getattr(training, key) != "eager":
+        form = getattr(training, key)
+        if form == "fused":
             continue
         arch = "a model.module" if dims is None else f"arch {dims.arch}"
         if dims is None or dims.arch not in archs:
-            raise PartitaError(f"{where}training.{key}: eager is for arch {' or '.join(archs)} "
+            raise PartitaError(f"{where}training.{key}: {form} is for arch {' or '.join(archs)} "
                                f"(the {'RMSNorm' if key == 'norm_kernel' else 'rotary embedding'} "
                                f"it replaces), not {arch}; remove the key or set it to fused")
-

@@ -1,8 +1,9 @@
 """A block's RMSNorms and rotary embeddings run as eager PyTorch ops: their bytes and kernels.
 
 `training.norm_kernel: eager` (Hugging Face's LlamaRMSNorm, torchtitan's `rmsnorm`, fms's
-LayerNormParameterized) and `training.rope_kernel: eager` (Meta's and torchtitan's complex
-apply_rotary_emb) replace the fused kernels `simulator.compute` prices (a norm reads its input and
+LayerNormParameterized) and `training.rope_kernel: complex` (Meta's and torchtitan's
+apply_rotary_emb), `rotate-half` (Hugging Face's apply_rotary_pos_emb) or `matrix` (fms's 2 x 2
+rotations) replace the fused kernels `simulator.compute` prices (a norm reads its input and
 writes its output, 2e bytes per element forward and twice that backward; RoPE the same on q and
 k) by the measured traffic of the eager forms (data/calibration/eager_kernels.yaml, [Note: eager
 bytes]); each eager form also launches more kernels (`forward_kernels`), which the host model
@@ -21,7 +22,11 @@ from partita.planner.paths import CALIBRATION_DIR
 from partita.planner.provenance import load_by_provenance
 
 EAGER_FILE = CALIBRATION_DIR / "eager_kernels.yaml"
-FORMS = ("rmsnorm_fp32_ops", "rope_complex_fp32")
+FORMS = ("rmsnorm_fp32_ops", "rope_complex_fp32", "rope_rotate_half", "rope_matrix_fp32")
+# training.norm_kernel / rope_kernel values and the measured forms they run (None: fused)
+NORM_FORM = {"fused": None, "eager": "rmsnorm_fp32_ops"}
+ROPE_FORM = {"fused": None, "complex": "rope_complex_fp32", "rotate-half": "rope_rotate_half",
+             "matrix": "rope_matrix_fp32"}
 FIELDS = ("forward_bytes_per_element", "backward_bytes_per_element", "forward_kernels")
 
 
@@ -74,9 +79,9 @@ def extra_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: b
     forms = eager_forms()
     fwd = bwd = 0.0
     fused_f, fused_b = 2.0 * element_bytes, 4.0 * element_bytes
-    for count, form in ((norms, forms["rmsnorm_fp32_ops"] if norm == "eager" else None),
-                        (rope_elements, forms["rope_complex_fp32"] if rope == "eager" else None)):
-        if form is not None:
+    for count, name in ((norms, NORM_FORM[norm]), (rope_elements, ROPE_FORM[rope])):
+        if name is not None:
+            form = forms[name]
             fwd += count * (form.forward_bytes - fused_f)
             bwd += count * (form.backward_bytes - fused_b)
     return fwd, bwd
@@ -86,8 +91,8 @@ def extra_forward_kernels(dims: TransformerDims, decoder: bool, *, norm: str, ro
     """Forward kernels the eager forms launch beyond one per norm (RoPE fused into no count)."""
     forms = eager_forms()
     n = 0
-    if norm == "eager":
-        n += (3 if decoder else 2) * (forms["rmsnorm_fp32_ops"].forward_kernels - 1)
-    if rope == "eager" and dims.arch == "llama":
-        n += 2 * forms["rope_complex_fp32"].forward_kernels           # q and k
+    if NORM_FORM[norm] is not None:
+        n += (3 if decoder else 2) * (forms[NORM_FORM[norm]].forward_kernels - 1)
+    if ROPE_FORM[rope] is not None and dims.arch == "llama":
+        n += 2 * forms[ROPE_FORM[rope]].forward_kernels                # q and k
     return n

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import (ATTENTION, FRAMEWORKS, KERNEL_FORMS, PRECISIONS, RECOMPUTE,
+from partita.planner.enums import (ATTENTION, FRAMEWORKS, NORM_FORMS, PRECISIONS, RECOMPUTE,
+                                   ROPE_FORMS,
                                    REDUCE_DTYPES, SCHEDULES)
 from partita.planner.paths import VALIDATION_DIR
 from partita.validation.metrics import CONVENTIONS
@@ -64,8 +65,8 @@ _SETTING_CHECKS = {
     "fused_elementwise": ("bool", None), "attention_softmax_fp32": ("bool", None),
     "fused_cross_entropy": ("bool", None), "recompute_every_nth_block": ("int", None),
     "data_shard": ("int", None), "grad_reduce_dtype": ("choice", REDUCE_DTYPES),
-    "mlm_predictions": ("int", None), "norm_kernel": ("choice", KERNEL_FORMS),
-    "rope_kernel": ("choice", KERNEL_FORMS),
+    "mlm_predictions": ("int", None), "norm_kernel": ("choice", NORM_FORMS),
+    "rope_kernel": ("choice", ROPE_FORMS),
 }
 
 

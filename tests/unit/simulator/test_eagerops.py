@@ -1,5 +1,6 @@
-"""Eager RMSNorm and RoPE (training.norm_kernel / rope_kernel: eager): bytes and kernels by hand,
-their place in a block's time, memory and host cost, the archs they apply to, and bad data files."""
+"""Eager RMSNorm and RoPE (training.norm_kernel: eager; rope_kernel: complex, rotate-half, matrix):
+bytes and kernels by hand, their place in a block's time, memory and host cost, the archs they
+apply to, and bad data files."""
 from __future__ import annotations
 
 import pytest
@@ -36,26 +37,38 @@ def test_extra_bytes_by_hand():
     tokens, e = 2 * 512, 2
     norms = 2 * tokens * 1024
     qk = tokens * (16 + 4) * 64
-    f, b = eagerops.extra_bytes(LLAMA, 2, 1, 1, False, False, e, norm="eager", rope="eager")
+    f, b = eagerops.extra_bytes(LLAMA, 2, 1, 1, False, False, e, norm="eager", rope="complex")
     assert f == pytest.approx(norms * (norm.forward_bytes - 2 * e) + qk * (rope.forward_bytes - 2 * e))
     assert b == pytest.approx(norms * (norm.backward_bytes - 4 * e)
                               + qk * (rope.backward_bytes - 4 * e))
     assert eagerops.extra_bytes(LLAMA, 2, 1, 1, False, False, e, norm="fused", rope="fused") == (0, 0)
     # tensor parallelism shards the heads; sequence parallelism the norms' tokens
-    f_tp, _ = eagerops.extra_bytes(LLAMA, 2, 2, 1, True, False, e, norm="eager", rope="eager")
+    f_tp, _ = eagerops.extra_bytes(LLAMA, 2, 2, 1, True, False, e, norm="eager", rope="complex")
     assert f_tp == pytest.approx(norms / 2 * (norm.forward_bytes - 2 * e)
                                  + tokens * (8 + 2) * 64 * (rope.forward_bytes - 2 * e))
     # a T5 decoder block has three norms and no RoPE
-    f_dec, _ = eagerops.extra_bytes(T5, 1, 1, 1, False, True, e, norm="eager", rope="eager")
+    f_dec, _ = eagerops.extra_bytes(T5, 1, 1, 1, False, True, e, norm="eager", rope="complex")
     assert f_dec == pytest.approx(3 * 128 * 512 * (norm.forward_bytes - 2 * e))
+
+
+@pytest.mark.parametrize("rope, form", [("complex", "rope_complex_fp32"),
+                                        ("rotate-half", "rope_rotate_half"),
+                                        ("matrix", "rope_matrix_fp32")])
+def test_each_rope_form_prices_its_own_measurement(rope, form):
+    f = eagerops.eager_forms()[form]
+    qk = 1024 * (16 + 4) * 64
+    fwd, bwd = eagerops.extra_bytes(LLAMA, 2, 1, 1, False, False, 2, norm="fused", rope=rope)
+    assert (fwd, bwd) == pytest.approx((qk * (f.forward_bytes - 4), qk * (f.backward_bytes - 8)))
+    assert eagerops.extra_forward_kernels(LLAMA, False, norm="fused", rope=rope) == (
+        2 * f.forward_kernels)
 
 
 def test_eager_forms_move_the_elementwise_time_only(flat):
     gpu = make_gpu(peak=1e30, bw=1e12)                 # only memory-bound kernels show
     fused = layer_times(LLAMA, 2, 1, False, 1, "bf16", "none", gpu, flat)
     eager = layer_times(LLAMA, 2, 1, False, 1, "bf16", "none", gpu, flat, norm_kernel="eager",
-                        rope_kernel="eager")
-    f, b = eagerops.extra_bytes(LLAMA, 2, 1, 1, False, False, 2, norm="eager", rope="eager")
+                        rope_kernel="complex")
+    f, b = eagerops.extra_bytes(LLAMA, 2, 1, 1, False, False, 2, norm="eager", rope="complex")
     assert eager.parts["elementwise_fwd"] - fused.parts["elementwise_fwd"] == pytest.approx(f / 1e12)
     assert eager.parts["elementwise_bwd"] - fused.parts["elementwise_bwd"] == pytest.approx(b / 1e12)
     for key in ("gemm_fwd", "gemm_bwd_input", "attention_fwd", "attention_bwd"):
@@ -67,7 +80,7 @@ def test_eager_forms_move_the_elementwise_time_only(flat):
 
 def test_eager_kernels_for_the_host():
     forms = eagerops.eager_forms()
-    n = eagerops.extra_forward_kernels(LLAMA, False, norm="eager", rope="eager")
+    n = eagerops.extra_forward_kernels(LLAMA, False, norm="eager", rope="complex")
     assert n == 2 * (forms["rmsnorm_fp32_ops"].forward_kernels - 1) + 2 * forms[
         "rope_complex_fp32"].forward_kernels
     assert eagerops.extra_forward_kernels(T5, True, norm="eager", rope="fused") == 3 * (
@@ -95,7 +108,7 @@ def scenario(arch: str, **training):
 def test_simulated_step_grows_with_the_eager_forms():
     catalog = load_catalog()
     base = simulate(scenario("llama"), catalog)
-    eager = simulate(scenario("llama", norm_kernel="eager", rope_kernel="eager"), catalog)
+    eager = simulate(scenario("llama", norm_kernel="eager", rope_kernel="complex"), catalog)
     assert eager.step_time_s > base.step_time_s
     assert (eager.memory_breakdown_bytes["activations"]
             > base.memory_breakdown_bytes["activations"])
@@ -107,11 +120,12 @@ def test_simulated_step_grows_with_the_eager_forms():
     ("gpt", "norm_kernel", "training.norm_kernel: eager is for arch llama or t5 (the RMSNorm it "
                            "replaces), not arch gpt"),
     ("bert", "norm_kernel", "not arch bert"),
-    ("t5", "rope_kernel", "training.rope_kernel: eager is for arch llama (the rotary embedding"),
+    ("t5", "rope_kernel", "training.rope_kernel: complex is for arch llama (the rotary embedding"),
 ])
 def test_eager_forms_only_where_the_layer_exists(arch, key, message):
     with pytest.raises(PartitaError) as err:
-        simulate(scenario(arch, **{key: "eager"}), load_catalog())
+        simulate(scenario(arch, **{key: "eager" if key == "norm_kernel" else "complex"}),
+                 load_catalog())
     assert message in str(err.value)
 
 
@@ -119,7 +133,7 @@ def test_bad_choice_names_the_key_and_choices():
     with pytest.raises(PartitaError) as err:
         scenario("llama", norm_kernel="triton")
     assert "training.norm_kernel" in str(err.value) and "fused" in str(err.value)
-    s = scenario("llama", norm_kernel="eager", rope_kernel="eager")
+    s = scenario("llama", norm_kernel="eager", rope_kernel="complex")
     assert parse_scenario(s.to_dict()) == s
     assert "norm_kernel" not in scenario("llama").to_dict()["training"]
 
