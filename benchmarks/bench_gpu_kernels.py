@@ -418,6 +418,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=",".join(PARTS))
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = ap.parse_args(argv)
+    unknown = [p for p in args.only.split(",") if p not in PARTS]
+    if unknown:
+        ap.error(f"--only: unknown part {unknown[0]!r} (valid: {', '.join(PARTS)})")
     device = torch.device(args.device)
     result = {"torch": torch.__version__, "device": str(device)}
     if device.type == "cuda":

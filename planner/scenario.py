@@ -11,16 +11,16 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, GRAD_REDUCE, OPTIMIZERS, PRECISIONS,
-                                   RECOMPUTE, REDUCE_DTYPES, SCHEDULES, NORM_FORMS,
-                                   ROPE_FORMS)
+from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, GRAD_REDUCE, NORM_FORMS, OPTIMIZERS,
+                                   PRECISIONS, RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES)
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import ModelSpec, TransformerDims
 from partita.planner.paths import SCENARIOS_DIR
 
 TOP_KEYS = ("name", "model", "cluster", "training", "parallel")
 DIM_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
-            "decoder_layers", "head_dim", "max_positions", "tie_embeddings", "mlm_predictions", "name")
+            "decoder_layers", "head_dim", "max_positions", "tie_embeddings", "mlm_predictions",
+            "name")
 MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
