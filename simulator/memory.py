@@ -39,7 +39,8 @@ OPTIMIZER_STATE_BYTES = {"adam": 8.0, "sgd": 4.0}     # Adam: two fp32 moments; 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes on one GPU. `other` = logits buffer + ZeRO-3 gathered layers + framework reserve."""
+    """Bytes on one GPU. `other` = logits buffer and the loss's peak beyond it + ZeRO-3 gathered
+    layers + framework reserve."""
     parameters: float
     gradients: float
     optimizer: float
