@@ -75,6 +75,8 @@ def extra_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: b
                 decoder: bool, element_bytes: int, *, norm: str, rope: str) -> tuple[float, float]:
     """(forward, backward) bytes the eager forms move beyond the fused kernels' 2e per element
     forward and 4e backward (`simulator.compute._block_elementwise_bytes`)."""
+    if NORM_FORM[norm] is None and ROPE_FORM[rope] is None:
+        return 0.0, 0.0
     norms, rope_elements = _elements(dims, micro_batch, tp, cp, sp, decoder)
     forms = eager_forms()
     fwd = bwd = 0.0
@@ -89,6 +91,8 @@ def extra_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: b
 
 def extra_forward_kernels(dims: TransformerDims, decoder: bool, *, norm: str, rope: str) -> int:
     """Forward kernels the eager forms launch beyond one per norm (RoPE fused into no count)."""
+    if NORM_FORM[norm] is None and ROPE_FORM[rope] is None:
+        return 0
     forms = eager_forms()
     n = 0
     if NORM_FORM[norm] is not None:
