@@ -20,7 +20,8 @@ from partita.planner.enums import EXECUTED_PRECISIONS
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.sagemaker import translate
-from partita.planner.scenario import (PARALLEL_KEYS, Scenario, find_scenario_file, parse_scenario)
+from partita.planner.scenario import (PARALLEL_KEYS, Scenario, check_kernel_forms,
+                                      find_scenario_file, parse_scenario)
 
 VIRTUAL_CHOICES = (2, 3, 4, 6, 8)
 
@@ -157,6 +158,7 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
     if executable:
         _fix_executable(fixed, base, dims, where)
     _check_fixed(fixed, dims, base.training.global_batch, fixed_gpus, where)
+    check_kernel_forms(base.training, dims, where)
     scenario = base.with_parallel(None)
     return PlanSpec(scenario=scenario, dims=dims, origin=origin, systems=systems, fixed=fixed,
                     fixed_gpus=fixed_gpus, fixed_nodes=fixed_nodes, max_gpus=max_gpus,

@@ -433,6 +433,27 @@ def _parse_stages(c: Checker) -> tuple[tuple[int, int], ...] | None:
     return tuple(out)
 
 
+# The archs whose blocks have the layer each eager form replaces: RMSNorm (Llama; T5's LayerNorm
+# is an RMSNorm) and rotary embeddings (Llama).
+EAGER_ARCHS = {"norm_kernel": ("llama", "t5"), "rope_kernel": ("llama",)}
+
+
+def check_kernel_forms(training: TrainingSpec, dims: TransformerDims | None,
+                       where: str = "") -> None:
+    """training.norm_kernel / rope_kernel: an eager form only where the model has that layer
+    (GPT's and BERT's LayerNorm is torch's one native kernel even in eager PyTorch; they have no
+    RoPE), and not for a profiled module, whose kernels its profile times."""
+    for key, archs in EAGER_ARCHS.items():
+        form = getattr(training, key)
+        if form == "fused":
+            continue
+        arch = "a model.module" if dims is None else f"arch {dims.arch}"
+        if dims is None or dims.arch not in archs:
+            raise PartitaError(f"{where}training.{key}: {form} is for arch {' or '.join(archs)} "
+                               f"(the {'RMSNorm' if key == 'norm_kernel' else 'rotary embedding'} "
+                               f"it replaces), not {arch}; remove the key or set it to fused")
+
+
 def check_plan(s: Scenario, gpus: int, dims: TransformerDims | None = None) -> None:
     """The consistency rules of the contract, for a scenario whose GPU count is known."""
     p, t = s.parallel, s.training

@@ -12,7 +12,8 @@ from partita.planner.errors import PartitaError
 from partita.planner.hardware import System
 from partita.planner.modelspec import TransformerDims
 from partita.planner.profile import ModelProfile
-from partita.planner.scenario import ParallelSpec, Scenario, TrainingSpec, check_plan
+from partita.planner.scenario import (ParallelSpec, Scenario, TrainingSpec, check_kernel_forms,
+                                      check_plan)
 from partita.planner.stages import with_default_stages
 from partita.simulator import profiled
 from partita.simulator.placement import Placement
@@ -80,23 +81,3 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
     return StepContext(scenario=scenario, system=system, gpus=gpus, dims=dims, parallel=p,
                        training=scenario.training, microbatches=scenario.microbatches(),
                        placement=placement, profile=profile)
-
-
-# The archs whose blocks have the layer each eager form replaces: RMSNorm (Llama; T5's LayerNorm
-# is an RMSNorm) and rotary embeddings (Llama).
-EAGER_ARCHS = {"norm_kernel": ("llama", "t5"), "rope_kernel": ("llama",)}
-
-
-def check_kernel_forms(training, dims, where: str = "") -> None:
-    """training.norm_kernel / rope_kernel: an eager form only where the model has that layer
-    (GPT's and BERT's LayerNorm is torch's one native kernel even in eager PyTorch; they have no
-    RoPE), and not for a profiled module, whose kernels its profile times."""
-    for key, archs in EAGER_ARCHS.items():
-        form = getattr(training, key)
-        if form == "fused":
-            continue
-        arch = "a model.module" if dims is None else f"arch {dims.arch}"
-        if dims is None or dims.arch not in archs:
-            raise PartitaError(f"{where}training.{key}: {form} is for arch {' or '.join(archs)} "
-                               f"(the {'RMSNorm' if key == 'norm_kernel' else 'rotary embedding'} "
-                               f"it replaces), not {arch}; remove the key or set it to fused")

@@ -129,6 +129,15 @@ def test_eager_forms_only_where_the_layer_exists(arch, key, message):
     assert message in str(err.value)
 
 
+def test_plan_refuses_an_eager_form_the_model_lacks_before_searching(tmp_path):
+    from partita.planner.search import plan
+    doc = scenario("gpt", norm_kernel="eager").to_dict()
+    del doc["parallel"]
+    with pytest.raises(PartitaError, match="training.norm_kernel: eager is for arch llama or t5"):
+        plan(doc, catalog=load_catalog(),
+             evaluate=lambda s: pytest.fail("searched a plan for a refused scenario"))
+
+
 def test_bad_choice_names_the_key_and_choices():
     with pytest.raises(PartitaError) as err:
         scenario("llama", norm_kernel="triton")
