@@ -162,14 +162,13 @@ def _block_elementwise_bytes(dims: TransformerDims, micro_batch: int, tp: int, c
     norm_tokens = tokens / tp if sp else tokens      # without SP every TP rank repeats them
     h = dims.hidden
     sublayers = 3 if decoder else 2
-    norms = sublayers * 2 * norm_tokens * h          # read x, write normed x
+    norm_elements, rope_elements = eagerops.norm_rope_elements(dims, micro_batch, tp, cp, sp,
+                                                              decoder)
+    norms = 2 * norm_elements                        # read x, write normed x
     residuals = sublayers * 3 * norm_tokens * h      # read two, write one
     ffn_local = dims.ffn_hidden / tp
     act = (3 if dims.arch == "llama" else 2) * tokens * ffn_local   # SwiGLU reads gate and up
-    rope = 0.0
-    if dims.arch == "llama":
-        q_heads, kv_heads = inventory.heads_per_rank(dims, tp)
-        rope = 2 * tokens * (q_heads + kv_heads) * dims.head_dim
+    rope = 2 * rope_elements                         # read q and k, write them rotated
     unfused = 0.0
     if not fused and dims.arch == "llama":
         unfused = e * 2 * tokens * ffn_local

@@ -58,7 +58,7 @@ def eager_forms(path: str | Path = EAGER_FILE) -> dict[str, EagerForm]:
     return _load(str(path), path.stat().st_mtime_ns)
 
 
-def _elements(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: bool,
+def norm_rope_elements(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: bool,
               decoder: bool) -> tuple[float, float]:
     """(elements through the block's norms, elements of q and k through RoPE) on one rank."""
     tokens = micro_batch * dims.seq_len / cp
@@ -77,7 +77,7 @@ def extra_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: b
     forward and 4e backward (`simulator.compute._block_elementwise_bytes`)."""
     if NORM_FORM[norm] is None and ROPE_FORM[rope] is None:
         return 0.0, 0.0
-    norms, rope_elements = _elements(dims, micro_batch, tp, cp, sp, decoder)
+    norms, rope_elements = norm_rope_elements(dims, micro_batch, tp, cp, sp, decoder)
     forms = eager_forms()
     fwd = bwd = 0.0
     fused_f, fused_b = 2.0 * element_bytes, 4.0 * element_bytes
@@ -90,7 +90,7 @@ def extra_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: b
 
 
 def extra_forward_kernels(dims: TransformerDims, decoder: bool, *, norm: str, rope: str) -> int:
-    """Forward kernels the eager forms launch beyond one per norm (RoPE fused into no count)."""
+    """Forward kernels the eager forms launch beyond one per norm (a fused RoPE is not counted)."""
     if NORM_FORM[norm] is None and ROPE_FORM[rope] is None:
         return 0
     forms = eager_forms()

@@ -48,3 +48,17 @@ def test_prediction_reads_the_stored_and_a_fresh_measurement(quick_json, capsys,
     assert figure.stat().st_size > 10_000
     assert prediction.main([str(quick_json)]) == 0       # a CPU's blocks priced as an H200's
     assert "over 1 blocks" in capsys.readouterr().out
+
+
+def test_bad_arguments_are_one_line(tmp_path, capsys):
+    bench = _module("bench_gpu_kernels")
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--out", str(tmp_path / "x.json"), "--only", "gemm,nosuch"])
+    assert exit_.value.code == 2
+    assert "--only: unknown part 'nosuch' (valid: gemm," in capsys.readouterr().err
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, str(BENCH / "gpu_prediction.py"), "--system", "no-such"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("error: ") and "no-such" in done.stderr
