@@ -86,11 +86,9 @@ def _parse_host(c: Checker) -> dict[str, Any]:
     if c.has("synchronous"):
         out["synchronous"] = c.bool("synchronous", False)
     if c.has("handoff_stall_us_by_compute_us"):
-        points = _points(c, "handoff_stall_us_by_compute_us", 1e-6, 1e-6)
-        if any(x <= 0 or y < 0 for x, y in points):
-            raise c.error("compute must be > 0 and stall >= 0 (microseconds)",
-                          "handoff_stall_us_by_compute_us")
-        out["handoff_stall_s"] = points
+        # a stall measured as 0 (the scheduler happened to run the thread at once) is valid
+        out["handoff_stall_s"] = _points(c, "handoff_stall_us_by_compute_us", 1e-6, 1e-6,
+                                         zero_y=True)
     if c.has("optimizer_step_per_tensor_us"):
         per = c.sub("optimizer_step_per_tensor_us")
         per.only(OPTIMIZERS)
@@ -225,22 +223,26 @@ def _fraction(c: Checker, key: str) -> float:
     return value
 
 
-def _rows(c: Checker, key: str, shape: str) -> list[tuple[float, ...]]:
-    """A list of equal-length rows of positive numbers, e.g. shape '[x, y]'."""
+def _rows(c: Checker, key: str, shape: str, zero_last: bool = False) -> list[tuple[float, ...]]:
+    """A list of equal-length rows of positive numbers, e.g. shape '[x, y]' (`zero_last`: the
+    last number of a row may be 0, as a measured stall may)."""
     width = shape.count(",") + 1
     raw = c.mapping[key]
     if not isinstance(raw, list) or not raw:
         raise c.error(f"expected a list of {shape} rows", key)
     for i, item in enumerate(raw):
         ok = isinstance(item, (list, tuple)) and len(item) == width and all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for v in item)
+            isinstance(v, (int, float)) and not isinstance(v, bool)
+            and (v > 0 or (v == 0 and zero_last and j == width - 1)) for j, v in enumerate(item))
         if not ok:
-            raise c.error(f"entry {i}: expected {shape} with numbers > 0, got {item!r}", key)
+            bound = "numbers > 0 (the last >= 0)" if zero_last else "numbers > 0"
+            raise c.error(f"entry {i}: expected {shape} with {bound}, got {item!r}", key)
     return [tuple(float(v) for v in item) for item in raw]
 
 
-def _points(c: Checker, key: str, x_scale: float, y_scale: float) -> tuple[tuple[float, float], ...]:
-    pts = tuple((x * x_scale, y * y_scale) for x, y in _rows(c, key, "[x, y]"))
+def _points(c: Checker, key: str, x_scale: float, y_scale: float,
+            zero_y: bool = False) -> tuple[tuple[float, float], ...]:
+    pts = tuple((x * x_scale, y * y_scale) for x, y in _rows(c, key, "[x, y]", zero_y))
     if any(b[0] <= a[0] for a, b in zip(pts, pts[1:])):
         raise c.error("x values must increase strictly from one point to the next", key)
     return pts

@@ -564,6 +564,16 @@ def test_a_bad_host_section_of_an_overlay_is_one_error_naming_the_key(tmp_path, 
     assert str(f) in str(exc.value) and message in str(exc.value)
 
 
+def test_a_hand_off_stall_measured_as_zero_loads(tmp_path):
+    """`partita calibrate` can time no stall after a short compute (the scheduler ran gloo's thread
+    at once): a 0 it writes reads back."""
+    from partita.simulator.calibration import load_calibration
+    f = tmp_path / "overlay.yaml"
+    f.write_text("host: {handoff_stall_us_by_compute_us: [[100, 0], [1000, 50]]}\n")
+    host = load_calibration(f, include_local=False).local_host
+    assert [p for pt in host.handoff_stall_s for p in pt] == pytest.approx([1e-4, 0.0, 1e-3, 5e-5])
+
+
 def test_an_overlay_from_before_the_schedules_were_timed_apart_reads_as_1f1bs(tmp_path):
     """Its one `pipeline_action_us` number timed torch's Schedule1F1B: it stands for 1F1B and
     GPipe (same runtime), not for the multi-stage runtime."""
