@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from partita.planner import inventory
 from partita.planner.activations import (FP32, MEGATRON, ActivationModel, ActivationSettings,
@@ -85,6 +86,7 @@ def embedding_parameters(dims: TransformerDims) -> tuple[int, int]:
     return _split(inventory.layers(dims)[0])
 
 
+@lru_cache(maxsize=64)
 def head_parameters(dims: TransformerDims) -> tuple[int, int]:
     """(vocab-parallel output table if untied, replicated final norms / BERT MLM transform).
 
