@@ -172,9 +172,10 @@ def compile_schedule(schedule: Schedule, stages: int) -> CompiledSchedule:
     for r in range(p):
         out = []
         for a in schedule[r]:
-            if a is None or a.kind not in COMPUTE_KINDS:
+            code = None if a is None else _CODE.get(a.kind)      # None: not a compute action
+            if code is None:
                 continue
-            code, s, mb = _CODE[a.kind], a.stage, a.microbatch
+            s, mb = a.stage, a.microbatch
             if not 0 <= s < stages or mb is None or not 0 <= mb < m:
                 raise PartitaError(f"action {a} is outside the {stages} stages and "
                                    f"{m} micro-batches of the costs")
