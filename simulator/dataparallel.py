@@ -89,13 +89,16 @@ def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[f
     overlapped ZeRO-1/2 parameter all-gather."""
     p = env.ctx.parallel
     contention = env.oh.contention
+    reductions: dict[float, float] = {}       # by parameter count: most chunks hold the same
     ends, spans = [], []
     for r in range(p.pipeline):
         chunks = sorted(range(r, len(params), p.pipeline),
                         key=lambda c: timeline.last_backward_s[c])
         lane, delay = 0.0, 0.0
         for c in chunks:
-            t_red = reduction_time(env, params[c])
+            if params[c] not in reductions:
+                reductions[params[c]] = reduction_time(env, params[c])
+            t_red = reductions[params[c]]
             if t_red <= 0:
                 continue
             done = timeline.last_backward_s[c] + delay

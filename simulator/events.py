@@ -20,6 +20,7 @@ from typing import Any
 
 URGENT = 0
 NORMAL = 1
+_INF = math.inf
 
 
 class EventLoop:
@@ -35,14 +36,14 @@ class EventLoop:
     def schedule(self, delay: float, fn: Callable[..., Any], *args: Any,
                  priority: int = NORMAL) -> None:
         """Call `fn(*args)` `delay` seconds from now."""
-        if not 0 <= delay < math.inf:
+        if not 0 <= delay < _INF:
             raise ValueError(f"negative delay {delay}" if delay < 0
                              else f"delay must be finite, got {delay}")
         heappush(self._queue, (self.now + delay, priority, next(self._seq), fn, args))
 
     def at(self, time: float, fn: Callable[..., Any], *args: Any, priority: int = NORMAL) -> None:
         """Call `fn(*args)` at absolute `time` (exact: no now + (time - now) rounding)."""
-        if not self.now <= time < math.inf:
+        if not self.now <= time < _INF:
             raise ValueError(f"time ({time}) must be finite and not before the current time "
                              f"({self.now})")
         heappush(self._queue, (time, priority, next(self._seq), fn, args))
@@ -62,11 +63,15 @@ class EventLoop:
         if until is not None and not until >= self.now:
             raise ValueError(f"until ({until}) must not be before the current time ({self.now})")
         queue = self._queue
-        limit = math.inf if until is None else until
-        while queue and queue[0][0] < limit:
+        if until is None:
+            while queue:
+                time, _, _, fn, args = heappop(queue)
+                self.now = time
+                fn(*args)
+            return self.now
+        while queue and queue[0][0] < until:
             time, _, _, fn, args = heappop(queue)
             self.now = time
             fn(*args)
-        if until is not None:
-            self.now = until
-        return self.now
+        self.now = until
+        return until

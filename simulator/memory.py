@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import lru_cache
 
 from partita.planner import inventory
 from partita.planner.activations import (FP32, MEGATRON, ActivationModel, ActivationSettings,
@@ -64,6 +65,7 @@ class MemoryEstimate:
 
 # ---- parameter counts ----
 
+@lru_cache(maxsize=64)
 def block_parameters(dims: TransformerDims, *, decoder: bool = False) -> int:
     """Parameters of one repeated transformer block (a t5 decoder block with decoder=True)."""
     return inventory.block(dims, kind=inventory.block_kind(dims, decoder)).params
@@ -80,11 +82,13 @@ def _split(layer: inventory.Layer) -> tuple[int, int]:
     return layer.vocab_params, layer.params - layer.vocab_params
 
 
+@lru_cache(maxsize=64)
 def embedding_parameters(dims: TransformerDims) -> tuple[int, int]:
     """(vocab-parallel word table, replicated position / token-type tables and norms)."""
     return _split(inventory.layers(dims)[0])
 
 
+@lru_cache(maxsize=64)
 def head_parameters(dims: TransformerDims) -> tuple[int, int]:
     """(vocab-parallel output table if untied, replicated final norms / BERT MLM transform).
 

@@ -20,8 +20,10 @@ pipeline communication), which is also what an executor sees when it waits on a 
 The timeline also carries, per stage, when its last backward finished (its data-parallel gradient
 reduction may start then) and the peak number of micro-batches with live activations.
 
-`compile_schedule` reduces a schedule to its compute actions and peaks once; `simulator.step`
-keeps the compiled form of each schedule it builds, so a sweep times costs, not list walking.
+`compile_schedule` reduces a schedule to its compute actions, where each one's output goes, and
+its peaks, once; `simulator.step` keeps the compiled form of each schedule it builds, so a sweep
+times costs, not list walking. The timing itself (`_Run`) is one event per compute action on the
+event core, its finish, which hands the output on and starts the rank's next action.
 """
 from __future__ import annotations
 
@@ -141,12 +143,13 @@ class PipelineTimeline:
 class CompiledSchedule:
     """A schedule reduced to what timing it needs, computed once per (schedule, p, m, v).
 
-    `ops[r]` holds rank r's compute actions in order as (code, stage, micro-batch, slot): code
-    0-3 is F, B, I, W and slot the dependency it waits on (see `_Run`). The peaks are
-    `peak_inflight` and `peak_inflight_by_rank` of the schedule. Nothing here depends on costs, so
-    a planner sweeping costs over one schedule shares it.
+    `ops[r]` holds rank r's compute actions in order as (code, stage, micro-batch, slot, cost,
+    W slot, next slot, link, backward stage): code 0-3 is F, B, I, W, slot the dependency it waits
+    on (see `_Run`), cost its index in `_Run.cost_s`, the rest where its output goes (`_outputs`).
+    The peaks are `peak_inflight` and `peak_inflight_by_rank` of the schedule. Nothing here depends
+    on costs, so a planner sweeping costs over one schedule shares it.
     """
-    ops: tuple[tuple[tuple[int, int, int, int], ...], ...]
+    ops: tuple[tuple[tuple[int, ...], ...], ...]
     num_stages: int
     num_microbatches: int
     peak_inflight: tuple[int, ...]
@@ -169,19 +172,44 @@ def compile_schedule(schedule: Schedule, stages: int) -> CompiledSchedule:
     for r in range(p):
         out = []
         for a in schedule[r]:
-            if a is None or a.kind not in COMPUTE_KINDS:
+            code = None if a is None else _CODE.get(a.kind)      # None: not a compute action
+            if code is None:
                 continue
-            code, s, mb = _CODE[a.kind], a.stage, a.microbatch
+            s, mb = a.stage, a.microbatch
             if not 0 <= s < stages or mb is None or not 0 <= mb < m:
                 raise PartitaError(f"action {a} is outside the {stages} stages and "
                                    f"{m} micro-batches of the costs")
             slot = (0 if code == _F else 1 if code != _W else 2) * size + s * m + mb
-            out.append((code, s, mb, slot))
+            out.append((code, s, mb, slot, code * stages + s)
+                       + _outputs(code, s, mb, r, p, stages, m))
         ops.append(tuple(out))
     per_stage, per_rank = peak_inflight(schedule), peak_inflight_by_rank(schedule)
     return CompiledSchedule(tuple(ops), stages, m,
                             tuple(per_stage.get(s, 0) for s in range(stages)),
                             tuple(per_rank.get(r, 0) for r in range(p)))
+
+
+def _outputs(code: int, s: int, mb: int, r: int, p: int, stages: int,
+             m: int) -> tuple[int, int, int, int]:
+    """Where the output of action (code, s, mb) on rank r goes: (W slot, next slot, link, stage).
+
+    The W slot is I's own W input (else -1). The next slot is the input F's activation or B/I's
+    gradient feeds (-1: none, stage 0's backward or W); link is the transfer it crosses, -1 when
+    the consumer is on the same rank: forward over boundary k is link k, backward over boundary k
+    is link stages - 1 + k (see `_Run.link_s`). Stage is s for B and W, whose finish may be the
+    stage's last backward, else -1.
+    """
+    size = stages * m
+    w_slot = 2 * size + s * m + mb if code == _I else -1
+    last = s if code in (_B, _W) else -1
+    if code == _F:
+        if s == stages - 1:
+            return w_slot, size + s * m + mb, -1, last       # the loss: backward may start
+        return w_slot, (s + 1) * m + mb, (-1 if (s + 1) % p == r else s), last
+    if code == _W or s == 0:
+        return w_slot, -1, -1, last
+    return (w_slot, size + (s - 1) * m + mb, (-1 if (s - 1) % p == r else stages - 1 + s - 1),
+            last)
 
 
 def simulate_pipeline(schedule: Schedule | CompiledSchedule, costs: PipelineCosts, *,
@@ -218,31 +246,39 @@ def _num_microbatches(schedule: Schedule) -> int:
 
 
 class _Run:
-    """The state of one simulation. Dependency slots: [F input | B/I input | W input] x (stage, mb)."""
+    """The state of one simulation. Dependency slots: [F input | B/I input | W input] x (stage, mb).
+
+    One event per compute action: its finish (`_finish`). A rank has at most one action in
+    flight, so when it started is kept per rank (`start`) and the event carries only the rank.
+    """
+
+    __slots__ = ("compiled", "costs", "trace", "p", "m", "ready", "sent", "waiter", "ops",
+                 "cost_s", "link_s", "pos", "start", "lane_free", "send_free", "busy", "recv_wait",
+                 "send_busy", "last_bwd", "spans", "blocking", "loop")
 
     def __init__(self, compiled: CompiledSchedule, costs: PipelineCosts, trace: bool):
         self.compiled, self.costs, self.trace = compiled, costs, trace
         self.p, self.m = compiled.num_ranks, compiled.num_microbatches
-        self.stages = costs.num_stages
-        size = self.stages * self.m
-        self.size = size
+        size = costs.num_stages * self.m
         self.ready = [-1.0] * (3 * size)          # when the input of the slot exists
         self.sent = [-1.0] * (3 * size)           # when its producer finished (if transferred)
         self.waiter = [-1] * (3 * size)
         for mb in range(self.m):
             self.ready[mb] = 0.0                  # stage 0's F waits for nothing
         self.ops = compiled.ops
-        self.durations = (costs.forward_s, costs.backward_s, costs.backward_input_s,
-                          costs.backward_weight_s)
+        # seconds of action (code, s) at code * stages + s, of a transfer at its link
+        self.cost_s = (costs.forward_s + costs.backward_s + costs.backward_input_s
+                       + costs.backward_weight_s)
+        self.link_s = costs.activation_s + costs.gradient_s
         self.pos = [0] * self.p
+        self.start = [0.0] * self.p
         self.lane_free = [0.0] * self.p
         self.send_free = [0.0] * self.p
         self.busy = [0.0] * self.p
         self.recv_wait = [0.0] * self.p
         self.send_busy = [0.0] * self.p
-        self.last_bwd = [0.0] * self.stages
+        self.last_bwd = [0.0] * costs.num_stages
         self.spans: list[Span] = []
-        self.activation_s, self.gradient_s = costs.activation_s, costs.gradient_s
         self.blocking = costs.blocking_sends
         self.loop = EventLoop()
 
@@ -259,6 +295,9 @@ class _Run:
                                "for the reason")
 
     def _try_start(self, r: int) -> None:
+        """Start rank r's next action if its input exists, else leave r waiting for it.
+
+        `_finish` holds a copy of this for the rank whose action just ended (the hot path)."""
         op = self.ops[r][self.pos[r]]
         slot = op[3]
         t = self.ready[slot]
@@ -268,83 +307,98 @@ class _Run:
         free = self.lane_free[r]
         if t > free:
             produced = self.sent[slot]
-            if produced >= 0 and t > (free if free > produced else produced):
-                self._recv_wait(r, op[0], op[1], op[2], free if free > produced else produced, t)
+            if produced >= 0:
+                waited = free if free > produced else produced
+                if t > waited:
+                    self.recv_wait[r] += t - waited
+                    if self.trace:
+                        self._recv_span(r, op, waited, t)
             free = t
-        self.loop.at(free + self.durations[op[0]][op[1]], self._finish, r, free)
+        self.start[r] = free
+        self.loop.at(free + self.cost_s[op[4]], self._finish, r)
 
-    def _finish(self, r: int, start: float) -> None:
+    def _finish(self, r: int) -> None:
+        """Rank r's action ends now: hand its output on (see `_outputs`), start r's next action."""
         ops = self.ops[r]
         pos = self.pos[r]
         op = ops[pos]
-        code, s, mb = op[0], op[1], op[2]
+        _, _, _, _, cost, w_slot, slot, link, stage = op
         end = self.loop.now
-        self.busy[r] += self.durations[code][s]
+        self.busy[r] += self.cost_s[cost]
         if self.trace:
-            self.spans.append(Span(r, "compute", self._name(op), start, end, _CAT[code]))
+            self.spans.append(Span(r, "compute", self._name(op), self.start[r], end,
+                                   _CAT[op[0]]))
         pos += 1
         self.pos[r] = pos
-        self.lane_free[r] = end
-        key = s * self.m + mb
-        if code == _F:
-            self._forward_done(r, s, mb, key, end)
-        elif code != _W:
-            self._input_grad_done(r, s, mb, key, end, code)
-        if code == _B or code == _W:
-            if end > self.last_bwd[s]:
-                self.last_bwd[s] = end
-        if pos < len(ops):
-            self._try_start(r)
-
-    def _forward_done(self, r: int, s: int, mb: int, key: int, end: float) -> None:
-        if s == self.stages - 1:
-            self._deliver(self.size + key, end, -1.0)          # the loss: backward may start
-        elif (s + 1) % self.p == r:
-            self._deliver(key + self.m, end, -1.0)
+        free = end                      # when r's compute lane is free again
+        ready = self.ready
+        if w_slot >= 0:                 # I: its W may run now
+            ready[w_slot] = end
+            self.sent[w_slot] = -1.0
+            q = self.waiter[w_slot]     # none in a valid schedule: W runs on I's rank, r
+            if q >= 0:
+                self.waiter[w_slot] = -1
+                self._try_start(q)
+        if slot >= 0:
+            if link < 0:                # same rank, or the loss
+                ready[slot] = end
+                self.sent[slot] = -1.0
+            else:
+                dur = self.link_s[link]
+                t0 = self.send_free[r]
+                if end > t0:
+                    t0 = end
+                t1 = t0 + dur
+                self.send_free[r] = t1
+                self.send_busy[r] += dur
+                if self.blocking and t1 > end:
+                    free = t1                         # a synchronous send holds the compute lane
+                if self.trace and dur > 0:
+                    self._send_span(r, op, t0, t1)
+                ready[slot] = t1
+                self.sent[slot] = end
+            self.lane_free[r] = free
+            q = self.waiter[slot]
+            if q >= 0:
+                self.waiter[slot] = -1
+                self._try_start(q)
         else:
-            self._transfer(r, s, mb, end, True)
-
-    def _input_grad_done(self, r: int, s: int, mb: int, key: int, end: float, code: int) -> None:
-        if code == _I:
-            self._deliver(2 * self.size + key, end, -1.0)      # W may run now
-        if s == 0:
+            self.lane_free[r] = end
+        if stage >= 0 and end > self.last_bwd[stage]:
+            self.last_bwd[stage] = end
+        if pos == len(ops):
             return
-        if (s - 1) % self.p == r:
-            self._deliver(self.size + key - self.m, end, -1.0)
+        op = ops[pos]                   # r's next action: `_try_start`, inline
+        slot = op[3]
+        t = ready[slot]
+        if t < 0:
+            self.waiter[slot] = r
+            return
+        if t > free:
+            produced = self.sent[slot]
+            if produced >= 0:
+                waited = free if free > produced else produced
+                if t > waited:
+                    self.recv_wait[r] += t - waited
+                    if self.trace:
+                        self._recv_span(r, op, waited, t)
+            free = t
+        self.start[r] = free
+        self.loop.at(free + self.cost_s[op[4]], self._finish, r)
+
+    def _send_span(self, r: int, op: tuple, t0: float, t1: float) -> None:
+        code, s, mb = op[0], op[1], op[2]
+        if code == _F:
+            self.spans.append(Span(r, "send", f"{s}SEND_F{mb}", t0, t1, self._link_cat(s)))
         else:
-            self._transfer(r, s, mb, end, False)
+            self.spans.append(Span(r, "send", f"{s}SEND_B{mb}", t0, t1, self._link_cat(s - 1)))
 
-    def _transfer(self, r: int, s: int, mb: int, end: float, forward: bool) -> None:
-        if forward:
-            boundary, dur, slot = s, self.activation_s[s], (s + 1) * self.m + mb
+    def _recv_span(self, r: int, op: tuple, t0: float, t1: float) -> None:
+        code, s, mb = op[0], op[1], op[2]
+        if code == _F:
+            self.spans.append(Span(r, "recv", f"{s}RECV_F{mb}", t0, t1, self._link_cat(s - 1)))
         else:
-            boundary, dur, slot = s - 1, self.gradient_s[s - 1], self.size + (s - 1) * self.m + mb
-        free = self.send_free[r]
-        t0 = end if end > free else free
-        t1 = t0 + dur
-        self.send_free[r] = t1
-        self.send_busy[r] += dur
-        if self.blocking and t1 > self.lane_free[r]:
-            self.lane_free[r] = t1                    # a synchronous send holds the compute lane
-        if self.trace and dur > 0:
-            kind = "SEND_F" if forward else "SEND_B"
-            self.spans.append(Span(r, "send", f"{s}{kind}{mb}", t0, t1, self._link_cat(boundary)))
-        self._deliver(slot, t1, end)
-
-    def _deliver(self, slot: int, t: float, produced: float) -> None:
-        self.ready[slot] = t
-        self.sent[slot] = produced
-        q = self.waiter[slot]
-        if q >= 0:
-            self.waiter[slot] = -1
-            self._try_start(q)
-
-    def _recv_wait(self, r: int, code: int, s: int, mb: int, t0: float, t1: float) -> None:
-        self.recv_wait[r] += t1 - t0
-        if self.trace:
-            name = f"{s}RECV_F{mb}" if code == _F else f"{s}RECV_B{mb}"
-            boundary = s - 1 if code == _F else s
-            self.spans.append(Span(r, "recv", name, t0, t1, self._link_cat(boundary)))
+            self.spans.append(Span(r, "recv", f"{s}RECV_B{mb}", t0, t1, self._link_cat(s)))
 
     def _link_cat(self, boundary: int) -> str:
         return "pp-intra-node" if self.costs.same_node[boundary] else "pp-inter-node"

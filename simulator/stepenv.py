@@ -4,6 +4,7 @@ with them the training framework's profile."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from partita.simulator.calibration import Calibration
 from partita.simulator.context import StepContext
@@ -25,7 +26,8 @@ class StepEnv:
     oh: Overheads
     host: HostCosts = HostCosts()
 
-    @property
+    @cached_property
     def framework(self) -> FrameworkProfile:
-        """How `training.framework` runs what the cost model prices (data/frameworks.yaml)."""
+        """How `training.framework` runs what the cost model prices (data/frameworks.yaml); read
+        once per StepEnv (one simulation) rather than on each of the cost model's many uses."""
         return framework_profile(self.ctx.training.framework)
