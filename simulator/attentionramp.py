@@ -9,8 +9,9 @@ mask; causal FLOPs counted for the unmasked half, as `simulator.compute` counts 
 ramp. `AttentionRamp` holds those points relative to the best of them, so a GPU's attention
 efficiency is its long-sequence efficiency (data/calibration/compute.yaml) times the ramp at the
 kernel's sequence length and head dimension: the shape comes from the measurement, the level from
-the kernel the run uses (FlashAttention-3 and cuDNN on H100 ramp the same way in their own
-forward benchmark, FA3 paper Fig. 5: 45% of their best at 512 tokens, 80% at 2k, 89% at 4k).
+the kernel the run uses. A GPU whose own flash kernel was timed apart has a ramp of its own for
+it (Hopper: cuDNN's fused attention, timed forward and backward on an H200, steeper than
+FlashAttention-2's under the causal mask: 27% of its best at 512 tokens, 68% at 2k, 83% at 4k).
 Between head dimensions 64 and 128 the ramp is interpolated in log2(head dim), beyond them held.
 """
 from __future__ import annotations

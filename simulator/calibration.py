@@ -72,13 +72,17 @@ class GpuCalibration:
     # and mask (measured on A100, where both ran in one benchmark; another GPU runs v1 at that
     # fraction of its own FlashAttention-2's best).
     flash1_ramp: AttentionRamp | None = None
+    # The ramp of the GPU's own flash kernel where it was measured apart from FlashAttention-2's
+    # (Hopper: cuDNN's fused attention); None: attention_ramp serves both.
+    flash_ramp: AttentionRamp | None = None
 
     def attention_efficiency(self, backward: bool, seq_len: float | None = None,
                              head_dim: float | None = None, causal: bool = True,
                              kernel: str = "flash") -> float:
         """Flash attention's fraction of the matmul peak: the long-sequence efficiency of `kernel`
         ("flash": the GPU's best flash kernel; "flash2": FlashAttention-2) times the ramp at this
-        sequence length and head dimension (when both are given); "flash1", FlashAttention (v1):
+        sequence length and head dimension (when both are given: `flash_ramp` for "flash" where the
+        GPU has one, else `attention_ramp`); "flash1", FlashAttention (v1):
         FlashAttention-2's long-sequence efficiency times v1's rate relative to v2's best."""
         eff = self.attention_backward if backward else self.attention_forward
         if kernel in ("flash2", "flash1"):
@@ -91,9 +95,11 @@ class GpuCalibration:
             if seq_len is None or head_dim is None:         # no shape: at its best, as flash2
                 return eff * self.flash1_ramp.best
             return eff * self.flash1_ramp(seq_len, head_dim, causal)
-        if self.attention_ramp is None or seq_len is None or head_dim is None:
+        ramp = (self.flash_ramp if kernel == "flash" and self.flash_ramp is not None
+                else self.attention_ramp)
+        if ramp is None or seq_len is None or head_dim is None:
             return eff
-        return eff * self.attention_ramp(seq_len, head_dim, causal)
+        return eff * ramp(seq_len, head_dim, causal)
 
     def matmul_efficiency(self, precision: str, ideal_s: float, measured_peak: bool = False) -> float:
         """Fraction of the peak at this ideal time. Against a measured peak (a GPU whose datasheet
@@ -300,7 +306,7 @@ def _build_gpu(name: str, entries: dict[str, Any], shape: Curve, peak_shape: flo
                           e.get("kernel_floor_s", default.kernel_floor_s),
                           tuple(e.get("source", ())), default.default_plateau, ramp,
                           e.get("flash2_forward"), e.get("flash2_backward"),
-                          e.get("flash1_ramp", default.flash1_ramp))
+                          e.get("flash1_ramp", default.flash1_ramp), e.get("flash_ramp"))
 
 
 def _matmul_curve(entry: dict[str, Any], shape: Curve, peak_shape: float, origin: str,

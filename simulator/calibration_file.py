@@ -15,8 +15,8 @@ MB = 1e6
 PRECISION_KEYS = ("fp32", "tf32", "fp16", "bf16", "fp8")
 GPU_KEYS = ("like", "matmul", "memory_efficiency_by_mb", "attention_forward_efficiency",
             "attention_backward_efficiency", "flash2_forward_efficiency",
-            "flash2_backward_efficiency", "attention_by_seq_tflops", "kernel_floor_us", "source",
-            "notes")
+            "flash2_backward_efficiency", "attention_by_seq_tflops", "flash_by_seq_tflops",
+            "kernel_floor_us", "source", "notes")
 DEFAULT_KEYS = ("matmul_shape_by_ideal_us", "matmul_plateau_efficiency", "memory_efficiency_by_mb",
                 "attention_forward_efficiency", "attention_backward_efficiency",
                 "attention_by_seq_tflops", "flash1_by_seq_tflops", "kernel_floor_us", "source",
@@ -120,6 +120,15 @@ def _parse_gpu(c: Checker, keys: tuple[str, ...]) -> dict[str, Any]:
             out[name] = _fraction(c, key)
     if c.has("attention_by_seq_tflops"):
         out["attention_ramp"] = _parse_ramp(c.sub("attention_by_seq_tflops"))
+    if c.has("flash_by_seq_tflops"):
+        # The GPU's own flash kernel (`training.attention: flash`), where it ramps otherwise than
+        # FlashAttention-2 (attention_by_seq_tflops): relative to its rate at the longest sequence,
+        # head dim 128, no mask, the point attention_*_efficiency holds (the published kernels'
+        # best, at 16k tokens), so a shorter sequence that measured faster stands above 1.
+        ramp = c.sub("flash_by_seq_tflops")
+        reference = max(_rows(ramp, "full_hd128", "[sequence length, TFLOP/s]")) if ramp.has(
+            "full_hd128") else None
+        out["flash_ramp"] = _parse_ramp(ramp, reference[1] if reference else None)
     if c.has("flash1_by_seq_tflops"):
         # FlashAttention (v1) in the same figure as attention_by_seq_tflops (FlashAttention-2): its
         # rates relative to FlashAttention-2's best (simulator/attentionramp.py).

@@ -159,3 +159,33 @@ def test_flash1_needs_its_rates_beside_flashattention2s(tmp_path):
         "full_hd64": [[512, 91]], "full_hd128": [[512, 76]]}}}))
     with pytest.raises(PartitaError, match="flash1_by_seq_tflops: needs attention_by_seq_tflops"):
         load_calibration(bad)
+
+
+def test_hoppers_own_flash_kernel_ramps_as_cudnn_measured_and_flash2_keeps_its_ramp(shipped):
+    """`flash` on H100 (and H200, `like` it) takes cuDNN's ramp measured on an H200
+    (compute.yaml, flash_by_seq_tflops): forward + backward at 2k tokens, head dim 128, causal
+    within 5% of the 388 TFLOP/s measured there; at 512 tokens it keeps a smaller share of its
+    16k rate than FlashAttention-2 (`flash2`, whose ramp is unchanged) does."""
+    h100 = load_catalog().gpu("h100-80gb")
+    g = shipped.gpu("h100-80gb")
+    assert shipped.gpu("h200-141gb").flash_ramp == g.flash_ramp is not None
+    assert shipped.gpu("a100-80gb").flash_ramp is None
+
+    def tflops(seq, kernel, causal=True):
+        """Forward + backward TFLOP/s as the benchmark counts them (causal FLOPs halved)."""
+        flops = attention_flops(1, 16, seq, seq, 128) * (0.5 if causal else 1.0)
+        t = sum(flops / (h100.peak("bf16") * g.attention_efficiency(b, seq, 128, causal, kernel))
+                * (2.5 if b else 1.0) for b in (False, True))
+        return 3.5 * flops / t / 1e12
+    assert tflops(2048, "flash") == pytest.approx(388.3, rel=0.05)
+    assert tflops(512, "flash") / tflops(16384, "flash") < tflops(512, "flash2") / tflops(16384, "flash2")
+    assert g.attention_ramp(512, 128, True) == pytest.approx(163 / 338)      # FlashAttention-2's
+
+
+def test_a_flash_ramp_missing_a_curve_is_an_error_naming_the_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"gpus": {"x": {"flash_by_seq_tflops": {
+        "peak_tflops": 100, "causal_hd128": [[512, 10]], "full_hd64": [[512, 10]],
+        "full_hd128": [[512, 10]]}}}}))
+    with pytest.raises(PartitaError, match=r"gpus\.x\.flash_by_seq_tflops\.causal_hd64"):
+        load_calibration(path, include_local=False)
