@@ -189,3 +189,22 @@ def test_a_flash_ramp_missing_a_curve_is_an_error_naming_the_key(tmp_path):
         "full_hd128": [[512, 10]]}}}}))
     with pytest.raises(PartitaError, match=r"gpus\.x\.flash_by_seq_tflops\.causal_hd64"):
         load_calibration(path, include_local=False)
+
+
+def test_a_bad_flash_ramp_in_the_local_overlay_is_one_error_line_and_exit_1(tmp_path, monkeypatch,
+                                                                          capsys):
+    """`partita simulate` with a calibration overlay whose flash_by_seq_tflops has a negative rate:
+    one `error:` line naming the file and the key path, exit 1, no traceback."""
+    from partita.cli import main
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "calibration-local.yaml").write_text(yaml.safe_dump({"gpus": {"h100-80gb": {
+        "flash_by_seq_tflops": {"peak_tflops": 989, "causal_hd64": [[512, -3]],
+                                "causal_hd128": [[512, 10]], "full_hd64": [[512, 10]],
+                                "full_hd128": [[512, 10]]}}}}))
+    monkeypatch.setenv("PARTITA_HOME", str(home))
+    monkeypatch.delenv("PARTITA_CATALOG", raising=False)
+    assert main(["simulate", "gpt3-175b-a100"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ")
+    assert "calibration-local.yaml: gpus.h100-80gb.flash_by_seq_tflops.causal_hd64" in err[0]
