@@ -126,9 +126,10 @@ def _parse_gpu(c: Checker, keys: tuple[str, ...]) -> dict[str, Any]:
         # head dim 128, no mask, the point attention_*_efficiency holds (the published kernels'
         # best, at 16k tokens), so a shorter sequence that measured faster stands above 1.
         ramp = c.sub("flash_by_seq_tflops")
-        reference = max(_rows(ramp, "full_hd128", "[sequence length, TFLOP/s]")) if ramp.has(
-            "full_hd128") else None
-        out["flash_ramp"] = _parse_ramp(ramp, reference[1] if reference else None)
+        reference = None
+        if ramp.has("full_hd128"):          # a missing curve is _parse_ramp's to name
+            reference = max(_rows(ramp, "full_hd128", "[sequence length, TFLOP/s]"))[1]
+        out["flash_ramp"] = _parse_ramp(ramp, reference)
     if c.has("flash1_by_seq_tflops"):
         # FlashAttention (v1) in the same figure as attention_by_seq_tflops (FlashAttention-2): its
         # rates relative to FlashAttention-2's best (simulator/attentionramp.py).
