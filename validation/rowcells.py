@@ -136,8 +136,10 @@ def degrees(row: dict[str, str]) -> tuple[int, int, int, int]:
     return out[0], out[1], out[2], int(cp.group(1)) if cp else 1
 
 
-def model_section(row: dict[str, str], tp: int, notes: list[str]) -> dict[str, Any]:
-    """The scenario's `model:` section: transformer dims, or a preset the row names without dims."""
+def model_section(row: dict[str, str], tp: int, rules: Rules, notes: list[str]) -> dict[str, Any]:
+    """The scenario's `model:` section: transformer dims, or a preset the row names without dims.
+    The architecture is the rule's `arch` where the source has one (a model whose name does not
+    say it), else read from the name."""
     seq_len = required_int(row, "seq_len")
     name = row["model"]
     if all(missing(row[c]) for c in ("layers", "hidden", "heads")):
@@ -146,13 +148,15 @@ def model_section(row: dict[str, str], tp: int, notes: list[str]) -> dict[str, A
             raise Skip("incomplete", f"model dims (layers, hidden, heads) not stated for {name!r}")
         notes.append(f"model dims of preset {preset} (the row names {name!r} without dims)")
         return {"preset": preset, "seq_len": seq_len}
-    arch = _arch(name, notes)
+    arch = rules.value(row, "arch", notes) or _arch(name, notes)
     heads, kv_heads = _heads(row)
     model = {"arch": arch, "layers": required_int(row, "layers"), "hidden": required_int(row, "hidden"),
              "heads": heads, "seq_len": seq_len, "vocab": _vocab(row, tp, notes)}
     if kv_heads:
         model["kv_heads"] = kv_heads
-    ffn = re.search(r"\bFFN\s+(\d+)", row["notes"] + " " + row["other_parallelism"], re.I)
+    # a width ('FFN 14336'), not a multiple of the hidden size ('FFN 4h')
+    ffn = re.search(r"\bFFN\s+(\d+)(?![\d.]*\s*[hx]\b)", row["notes"] + " " + row["other_parallelism"],
+                    re.I)
     if ffn:
         model["ffn_hidden"] = int(ffn.group(1))
     elif arch == "llama":
@@ -326,7 +330,13 @@ def precision(row: dict[str, str], rules: Rules, system_name: str, notes: list[s
 
 
 def framework(row: dict[str, str], rules: Rules, notes: list[str]) -> str:
-    """The training framework the row names (DeepSpeed, FSDP), else the source's rule, else Megatron-LM."""
+    """The row's own rule, else the framework the row names (DeepSpeed, FSDP), else the source's
+    rule, else Megatron-LM. (A row's rule comes first: a baseline run of plain PyTorch reported in a
+    DeepSpeed repository names DeepSpeed in its source.)"""
+    own = rules.rows.get(row["id"], {}).get("framework")
+    if own is not None:
+        notes.append(f"framework {own[0]}: {own[1]}")
+        return own[0]
     text = " ".join(row.get(k, "") for k in ("other_parallelism", "source", "notes")).lower()
     if "deepspeed" in text:
         return "deepspeed"

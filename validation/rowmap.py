@@ -116,7 +116,7 @@ def map_row(row: dict[str, str], rules: Rules, origin: str = "") -> MappedRow | 
 def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[str, Any]:
     """The scenario document for a row (sections model, cluster, training, parallel)."""
     tp, pp, dp, cp = cells.degrees(row)
-    model = cells.model_section(row, tp, notes)
+    model = cells.model_section(row, tp, rules, notes)
     seq_len = model["seq_len"]
     predictions = rules.value(row, "mlm_predictions", notes)
     if predictions is not None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import (ATTENTION, FRAMEWORKS, NORM_FORMS, PRECISIONS, RECOMPUTE,
+from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, NORM_FORMS, PRECISIONS, RECOMPUTE,
                                    ROPE_FORMS,
                                    REDUCE_DTYPES, SCHEDULES)
 from partita.planner.paths import VALIDATION_DIR
@@ -66,7 +66,7 @@ _SETTING_CHECKS = {
     "fused_cross_entropy": ("bool", None), "recompute_every_nth_block": ("int", None),
     "data_shard": ("int", None), "grad_reduce_dtype": ("choice", REDUCE_DTYPES),
     "mlm_predictions": ("int", None), "norm_kernel": ("choice", NORM_FORMS),
-    "rope_kernel": ("choice", ROPE_FORMS),
+    "rope_kernel": ("choice", ROPE_FORMS), "arch": ("choice", ARCHS),
 }
 
 

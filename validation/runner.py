@@ -22,7 +22,6 @@ from partita.validation.rowrules import Rules, load_rules
 DEFAULT_SPLIT = VALIDATION_DIR / "split.yaml"
 MEMORY_CSV = VALIDATION_DIR / "published_memory.csv"      # runs with a published peak memory
 MEMORY_SPLIT = VALIDATION_DIR / "split_memory.yaml"
-FROZEN_TEST = VALIDATION_DIR / "frozen_test.yaml"        # the frozen test set (never fitted)
 GROUPS = ("fit", "holdout")
 
 
@@ -127,17 +126,6 @@ def load_split(path: str | Path | None = None) -> Split:
         dup = sorted({i for i in ids if ids.count(i) > 1})
         raise c.error(f"duplicate row ids {', '.join(dup)}", "fit")
     return Split(fit=frozenset(ids), rule=c.str("rule", "") or "")
-
-
-def load_frozen_test(path: str | Path = FROZEN_TEST) -> tuple[Path, list[str]]:
-    """frozen_test.yaml: `csv` (beside it) and `rows` (the test row ids)."""
-    path = Path(path)
-    c = Checker(load_document(path), "", str(path))
-    c.only(("csv", "rows"))
-    ids = c.mapping.get("rows") or []
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, str) and i for i in ids):
-        raise c.error("expected a non-empty list of row ids", "rows")
-    return path.parent / c.str("csv", required=True), ids
 
 
 def select_rows(rows: list[dict[str, str]], wanted: Iterable[str] | None) -> list[dict[str, str]]:

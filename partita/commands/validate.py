@@ -105,16 +105,14 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _withhold_frozen_step_times(report):
-    """The report without the predicted step times of the frozen test set's rows (their peak
-    memory stays): the frozen set is reported by --frozen-test alone, once per model change, so
+    """The report without the predicted step times of the frozen test sets' rows (their peak
+    memory stays): a frozen set is reported by --frozen-test alone, once per model change, so
     no other report may show its errors. Returns (report, rows withheld)."""
     from dataclasses import replace
-    from pathlib import Path
-    from partita.validation.runner import load_frozen_test
-    frozen_csv, ids = load_frozen_test()
-    if Path(report.csv).resolve() != Path(frozen_csv).resolve():
+    from partita.validation.frozen import frozen_row_ids
+    frozen = frozen_row_ids(report.csv)
+    if not frozen:
         return report, 0
-    frozen = set(ids)
     results = tuple(replace(r, predicted_step_s=None) if r.row.row_id in frozen else r
                     for r in report.results)
     withheld = sum(r.row.row_id in frozen and r.predicted_step_s is not None
@@ -161,29 +159,59 @@ def _cross_validate(args: argparse.Namespace) -> int:
 
 def _frozen_test(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
-    from partita.validation.runner import Split, load_frozen_test, run_validation
+    from partita.validation.frozen import load_frozen_sets
 
     if args.csv is not None or args.rows or args.memory or args.split:
         print("error: --frozen-test runs the rows of data/validation/frozen_test.yaml only "
               "(no CSV, --rows, --split or --memory)", file=sys.stderr)
         return 2
-    csv, ids = load_frozen_test()
-    report = run_validation(csv, rows=ids, split=Split(fit=frozenset()),
-                            catalog=catalog_from_args(args))
-    from partita.validation.ranking import choice_line, summarize_choices
-    s = report.summary()
-    choices = summarize_choices(_report_choices(report))
-    inside, total = interval_coverage(report)
+    catalog = catalog_from_args(args)
+    results = [(s, frozen_report(s, catalog)) for s in load_frozen_sets()]
     if args.json:
-        print(json.dumps({"csv": str(csv), "frozen_test": s.to_json(),
-                          "layout_choice": choices.to_json(),
-                          "interval_coverage": {"inside": inside, "rows": total}}))
-    else:
-        print(f"partita validate --frozen-test: {len(ids)} step times of {csv.name}, never fitted")
-        print(frozen_line(s))
-        print(coverage_line(inside, total))
-        print(choice_line(choices))
+        print(json.dumps({"sets": {s.name: _frozen_json(s, r) for s, r in results}}))
+        return 0
+    print("partita validate --frozen-test: never fitted on, reported once per model change")
+    for s, report in results:
+        print()
+        print(f"{s.name}: {len(s.row_ids)} step times of {s.csv.name}, frozen {s.frozen}"
+              + (f" ({len(report.skipped)} not simulated)" if report.skipped else ""))
+        print("  " + frozen_line(report.summary(), s.name))
+        print("  " + coverage_line(*interval_coverage(report)))
+        print("  " + _frozen_choice_line(report))
+        for reason, ids in _by_reason(report.skipped):
+            print(f"  not simulated ({len(ids)}): {', '.join(ids)}: {reason}")
     return 0
+
+
+def _by_reason(skipped) -> list[tuple[str, list[str]]]:
+    """Skipped rows grouped by their reason, in the order the reasons first appear."""
+    groups: dict[str, list[str]] = {}
+    for k in skipped:
+        groups.setdefault(k.reason, []).append(k.row_id)
+    return list(groups.items())
+
+
+def frozen_report(frozen_set, catalog=None):
+    """One frozen set's rows simulated, every row hold-out."""
+    from partita.validation.runner import Split, run_validation
+    return run_validation(frozen_set.csv, rows=frozen_set.row_ids, split=Split(fit=frozenset()),
+                          catalog=catalog)
+
+
+def _frozen_choice_line(report) -> str:
+    from partita.validation.ranking import choice_line, summarize_choices
+    return choice_line(summarize_choices(_report_choices(report)))
+
+
+def _frozen_json(frozen_set, report) -> dict:
+    from partita.validation.ranking import summarize_choices
+    inside, total = interval_coverage(report)
+    return {"csv": str(frozen_set.csv), "frozen": frozen_set.frozen,
+            "summary": report.summary().to_json(),
+            "layout_choice": summarize_choices(_report_choices(report)).to_json(),
+            "interval_coverage": {"inside": inside, "rows": total},
+            "skipped": [{"id": k.row_id, "kind": k.kind, "reason": k.reason}
+                        for k in report.skipped]}
 
 
 def interval_coverage(report) -> tuple[int, int]:
@@ -208,9 +236,9 @@ def coverage_line(inside: int, total: int) -> str:
     return f"{inside} of {total} measured steps inside their 90% interval"
 
 
-def frozen_line(s) -> str:
-    """The frozen test set's line (README quotes it; tests/unit/validation/test_validation.py checks it)."""
-    return (f"Frozen test ({s.count} rows): median {s.median_pct:.1f}%, p90 {s.p90_pct:.1f}%, "
+def frozen_line(s, name: str) -> str:
+    """A frozen test set's line (README quotes it; tests/unit/validation/test_validation.py checks it)."""
+    return (f"Frozen test {name} ({s.count} rows): median {s.median_pct:.1f}%, p90 {s.p90_pct:.1f}%, "
             f"max {s.max_pct:.1f}%, bias {s.bias_pct:+.1f}%")
 
 

@@ -467,6 +467,43 @@ def test_user_metric_units(tmp_path, metric, value, unit, seconds):
     assert m.measured_step_s == pytest.approx(seconds)
 
 
+@pytest.mark.parametrize("notes, ffn", [
+    ("FFN 4h, learned positions", None),            # a multiple of the hidden size, not a width
+    ("SwiGLU FFN 11008 (mlp_ratio 8/3)", 11008),
+    ("FFN 5504; rotary", 5504),
+])
+def test_an_ffn_width_is_a_number_of_units_not_a_multiple(tmp_path, notes, ffn):
+    row = {**_user_row("u"), "notes": notes}
+    m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
+    assert m.document["model"].get("ffn_hidden") == ffn
+
+
+def _rules_file(tmp_path: Path, body: str):
+    path = tmp_path / "rowmap.yaml"
+    path.write_text(body)
+    return load_rules(path)
+
+
+def test_a_source_rule_sets_the_architecture_a_model_name_does_not_say(tmp_path):
+    rules = _rules_file(tmp_path, "sources:\n  MINE:\n    arch: {value: llama, why: RMSNorm and SwiGLU}\n")
+    row = {**_user_row("u"), "model": "InternLM-7B", "notes": "FFN 11008"}
+    m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], rules)
+    assert m.document["model"]["arch"] == "llama" and "arch llama: RMSNorm and SwiGLU" in m.assumptions
+    with pytest.raises(PartitaError, match="arch"):
+        _rules_file(tmp_path, "sources:\n  MINE:\n    arch: {value: rnn, why: x}\n")
+
+
+def test_a_rows_own_framework_rule_outranks_the_framework_its_text_names(tmp_path):
+    # A plain-DDP baseline in a DeepSpeed repository names DeepSpeed in its source cell.
+    rules = _rules_file(tmp_path, "rows:\n  u:\n    framework: {value: fsdp, why: plain DDP}\n"
+                        "sources:\n  MINE:\n    framework: {value: megatron, why: source rule}\n")
+    row = {**_user_row("u"), "source": "microsoft/DeepSpeedExamples", "other_parallelism": "DDP"}
+    other = {**row, "id": "v"}
+    a, b = (map_row(r, rules) for r in read_rows(_user_csv(tmp_path, [row, other])))
+    assert a.document["training"]["framework"] == "fsdp"
+    assert b.document["training"]["framework"] == "deepspeed"      # the text, over the source rule
+
+
 def test_user_mfu_uses_the_sources_peak(tmp_path):
     row = {**_user_row("u"), "metric": "MFU", "value": "40", "unit": "%"}
     m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
@@ -566,27 +603,96 @@ def test_readme_quotes_the_stored_leave_one_source_out_figures():
 
 
 def test_readme_quotes_the_frozen_test_figures(tmp_path, monkeypatch):
-    from partita.commands.validate import frozen_line
+    from partita.commands.validate import (_report_choices, coverage_line, frozen_line,
+                                           frozen_report, interval_coverage)
     from partita.planner.catalog import load_catalog
+    from partita.validation.frozen import load_frozen_sets
+    from partita.validation.ranking import choice_line, summarize_choices
     monkeypatch.setenv("PARTITA_HOME", str(tmp_path))          # the shipped catalog only
     monkeypatch.delenv("PARTITA_CATALOG", raising=False)
-    csv_path, ids = validation.load_frozen_test()
-    report = validation.run_validation(csv_path, rows=ids, split=validation.Split(fit=frozenset()),
-                                       catalog=load_catalog())
-    assert frozen_line(report.summary()) in README.read_text()
-    from partita.commands.validate import _report_choices, coverage_line, interval_coverage
-    from partita.validation.ranking import choice_line, summarize_choices
-    assert coverage_line(*interval_coverage(report)) in README.read_text()
-    assert choice_line(summarize_choices(_report_choices(report))) in README.read_text()
+    text = README.read_text()
+    for s in load_frozen_sets():
+        report = frozen_report(s, load_catalog())
+        assert frozen_line(report.summary(), s.name) in text
+        assert coverage_line(*interval_coverage(report)) in text
+        assert choice_line(summarize_choices(_report_choices(report))) in text
+
+
+def test_frozen_test_reports_every_set_and_groups_what_it_could_not_simulate(standin, capsys):
+    assert main(["validate", "--frozen-test", "--json"]) == 0
+    sets = json.loads(capsys.readouterr().out)["sets"]
+    assert list(sets) == ["bloom-layouts", "unseen-sources"]
+    unseen = sets["unseen-sources"]
+    assert unseen["summary"]["count"] > 0 and unseen["frozen"] == "2026-11-27"
+    assert {"INTEVO-01", "AWSTT-02", "TINYL-01"} <= {k["id"] for k in unseen["skipped"]}
+    assert main(["validate", "--frozen-test"]) == 0
+    out = capsys.readouterr().out
+    assert "unseen-sources: 70 step times of published_unseen.csv, frozen 2026-11-27" in out
+    assert "not simulated (12): INTEVO-01, INTEVO-02" in out       # one line per reason
+
+
+def test_other_reports_withhold_the_unseen_sets_step_times(standin, capsys):
+    from partita.validation.rowmap import DEFAULT_CSV
+    unseen = str(Path(DEFAULT_CSV).parent / "published_unseen.csv")
+    assert main(["validate", unseen, "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert rows and all(r["predicted_step_s"] is None for r in rows)
 
 
 def test_frozen_test_rows_are_never_fit_rows():
-    _, ids = validation.load_frozen_test()
+    from partita.validation.frozen import load_frozen_sets
+    from partita.validation.rowmap import DEFAULT_CSV
+    sets = {s.name: s for s in load_frozen_sets()}
+    bloom = sets["bloom-layouts"]
     memory_fit = validation.load_split(validation.MEMORY_SPLIT).fit
-    assert len(ids) == 59 and not set(ids) & set(validation.load_split().fit)
+    assert len(bloom.row_ids) == 59 and not set(bloom.row_ids) & set(validation.load_split().fit)
     # BLMEM-27, -39, -61 repeat dev fit runs and are kept out
-    assert {"BLMEM-27", "BLMEM-39", "BLMEM-61"}.isdisjoint(ids)
+    assert {"BLMEM-27", "BLMEM-39", "BLMEM-61"}.isdisjoint(bloom.row_ids)
     assert memory_fit                                  # the memory fit rows' step times: never fitted
+    # no frozen row is a row of the dev CSV, which the fits and the cross-validation read
+    assert all(s.csv.resolve() != Path(DEFAULT_CSV).resolve() for s in sets.values())
+
+
+def _frozen_file(tmp_path, body: str) -> Path:
+    (tmp_path / "runs.csv").write_text(",".join(COLUMNS) + "\n" + "\n".join(
+        f"R-{i}" + "," * (len(COLUMNS) - 1) for i in (1, 2, 3)) + "\n")
+    path = tmp_path / "frozen.yaml"
+    path.write_text(body)
+    return path
+
+
+def test_frozen_sets_load_all_rows_or_the_named_ones(tmp_path):
+    from partita.validation.frozen import frozen_row_ids, load_frozen_sets
+    path = _frozen_file(tmp_path, "sets:\n  a: {csv: runs.csv, frozen: 2026-11-27, rows: all}\n")
+    (s,) = load_frozen_sets(path)
+    assert (s.name, s.row_ids, s.frozen) == ("a", ("R-1", "R-2", "R-3"), "2026-11-27")
+    path.write_text("sets:\n  a: {csv: runs.csv, frozen: 2026-11-27, rows: [R-2]}\n"
+                    "  b: {csv: runs.csv, frozen: 2026-11-28, rows: [R-3]}\n")
+    sets = load_frozen_sets(path)
+    assert frozen_row_ids(tmp_path / "runs.csv", sets) == {"R-2", "R-3"}
+    assert frozen_row_ids(tmp_path / "other.csv", sets) == frozenset()
+
+
+@pytest.mark.parametrize("body, message", [
+    ("sets: {}\n", "sets: expected a mapping of set names"),
+    ("sets:\n  a: {csv: runs.csv, frozen: 2026-11-27, rows: [R-9]}\n",
+     "sets.a.rows: unknown row id 'R-9'"),
+    ("sets:\n  a: {csv: runs.csv, frozen: 2026-11-27, rows: [R-1, R-1]}\n",
+     "sets.a.rows: duplicate row ids R-1"),
+    ("sets:\n  a: {csv: runs.csv, frozen: 2026-11-27, rows: [R-1]}\n"
+     "  b: {csv: runs.csv, frozen: 2026-11-27, rows: [R-1]}\n",
+     "sets.b.rows: row R-1 is already in set 'a'"),
+    ("sets:\n  a: {csv: runs.csv, frozen: soon, rows: all}\n",
+     "sets.a.frozen: expected a date YYYY-MM-DD, got 'soon'"),
+    ("sets:\n  a: {csv: gone.csv, frozen: 2026-11-27, rows: all}\n", "sets.a.csv: no such file"),
+    ("sets:\n  a: {csv: runs.csv, frozen: 2026-11-27, rows: all, extra: 1}\n", "extra"),
+])
+def test_a_bad_frozen_test_file_is_one_error_naming_the_key(tmp_path, body, message):
+    from partita.validation.frozen import load_frozen_sets
+    path = _frozen_file(tmp_path, body)
+    with pytest.raises(PartitaError) as err:
+        load_frozen_sets(path)
+    assert str(err.value).startswith(f"{path}: ") and message in str(err.value)
 
 
 def test_cross_validate_refuses_other_inputs(capsys):
