@@ -2,7 +2,8 @@
 
 `PlanResult.table()` is a pandas DataFrame with the `COLUMNS` below (the reports helper renders
 it); `PlanResult.best` is the completed scenario document. Costs: the catalog's on-demand (else
-SageMaker) and spot prices per node-hour times nodes; with a token budget, days and dollars.
+SageMaker) and spot prices per node-hour times nodes; with a token budget, days and dollars, and
+their slow end: the same at the slow end of the step time's 90% interval (`simulator.interval`).
 The Pareto front is time vs cost over the usable plans of every system searched.
 """
 from __future__ import annotations
@@ -34,6 +35,8 @@ class Candidate:
     stages: tuple[tuple[int, int], ...] | None = None
     split: str = "even"                       # even | balanced | ilp (solver, status)
     step_time_s: float | None = None
+    step_time_low_s: float | None = None      # the step time's 90% interval (simulator.interval)
+    step_time_high_s: float | None = None
     tokens_per_s: float | None = None
     mfu: float | None = None
     bubble_fraction: float | None = None
@@ -43,7 +46,9 @@ class Candidate:
     usd_per_hour: float | None = None
     usd_per_hour_spot: float | None = None
     days: float | None = None
+    days_high: float | None = None            # days at the slow end of the step's interval
     usd: float | None = None
+    usd_high: float | None = None             # dollars at the slow end
     usd_spot: float | None = None
     within_budget: bool = True
     pareto: bool = False
@@ -58,9 +63,10 @@ class Candidate:
 COLUMNS = ("system", "nodes", "gpus", "tensor", "pipeline", "context", "data", "micro_batch",
            "schedule", "virtual_stages", "recompute", "recompute_layers", "zero", "data_shard",
            "grad_reduce",
-           "split", "step_time_s",
+           "split", "step_time_s", "step_time_low_s", "step_time_high_s",
            "tokens_per_s", "mfu", "bubble_fraction", "peak_memory_gib", "memory_capacity_gib",
-           "fits", "usd_per_hour", "usd_per_hour_spot", "days", "usd", "usd_spot",
+           "fits", "usd_per_hour", "usd_per_hour_spot", "days", "days_high", "usd", "usd_high",
+           "usd_spot",
            "within_budget", "pareto", "error")
 
 
@@ -112,13 +118,22 @@ def _objective_key(objective: str):
     return {"time": time_key, "cost": cost_key, "memory": memory_key}[objective]
 
 
-def _budget(c: Candidate, max_cost, max_days) -> Candidate:
+BOUNDS = ("predicted", "slow")     # what --max-cost / --max-days are checked against
+
+
+def budget_values(c: Candidate, bound: str) -> tuple[float | None, float | None]:
+    """(days, dollars) of `c` at `bound`: the prediction, or the slow end of its 90% interval."""
+    return (c.days, c.usd) if bound == "predicted" else (c.days_high, c.usd_high)
+
+
+def _budget(c: Candidate, max_cost, max_days, bound: str = "predicted") -> Candidate:
     if c.error is not None or (max_cost is None and max_days is None):
         return c
+    days, usd = budget_values(c, bound)
     ok = True
-    if max_cost is not None and (c.usd is None or c.usd > max_cost):
+    if max_cost is not None and (usd is None or usd > max_cost):
         ok = False
-    if max_days is not None and (c.days is None or c.days > max_days):
+    if max_days is not None and (days is None or days > max_days):
         ok = False
     return replace(c, within_budget=ok)
 

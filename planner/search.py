@@ -31,7 +31,7 @@ from partita.planner.costmodel import model_flops_per_step
 from partita.planner.inventory import op_policy_gemm_share
 from partita.planner.errors import PartitaError
 from partita.planner.planresult import (COLUMNS, Candidate, PlanResult, _budget, _mark_pareto,
-                                        _objective_key, _times)
+                                        _objective_key, _times, BOUNDS, budget_values)
 from partita.planner.planspec import PlanSpec, read_spec
 from partita.planner.refine import refine_stages
 from partita.planner.scenario import ParallelSpec, Scenario, check_plan
@@ -45,7 +45,8 @@ __all__ = ["plan", "PlanResult", "Candidate", "COLUMNS", "OBJECTIVES"]
 def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None,
          systems=None, max_gpus: int | None = None, nodes: int | None = None,
          objective: str = "time", tokens: float | None = None, max_cost: float | None = None,
-         max_days: float | None = None, progress: Callable[[str], None] | None = None,
+         max_days: float | None = None, bound: str = "predicted",
+         progress: Callable[[str], None] | None = None,
          top_layouts: int = 6, time_budget_s: float | None = None,
          max_evaluations: int | None = None, refine: int = 3,
          headroom: float = 0.0, optimize: str | None = None,
@@ -54,10 +55,14 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
     docstring. `time_budget_s` / `max_evaluations` bound the layout phase (most promising first).
     `headroom`: the fraction of each GPU's memory a plan must leave free beyond the simulator's
     own reserve (CUDA context, NCCL buffers, allocator fragmentation), e.g. 0.05.
-    `optimize`: the ILP split's objective, speed (default) or memory (SageMaker's `optimize`;
+    `bound`: check `max_cost` / `max_days` against the predicted step time ("predicted") or the
+    slow end of its 90% interval ("slow": the plan holds its budget unless the run errs more
+    than 19 in 20 runs of sources the fit never saw did). `optimize`: the ILP split's objective, speed (default) or memory (SageMaker's `optimize`;
     a scenario's `sagemaker.optimize` sets it too). `executable`: only plans `partita run`
     executes (no context or sequence parallelism for T5, context dividing seq_len / 2, tensor
     dividing the k/v heads)."""
+    if bound not in BOUNDS:
+        raise PartitaError(f"--bound: expected one of {', '.join(BOUNDS)}, got {bound!r}")
     started = time.perf_counter()
     spec = _read_options(scenario, catalog=catalog, objective=objective, headroom=headroom,
                          optimize=optimize, systems=systems, max_gpus=max_gpus, nodes=nodes,
@@ -70,7 +75,7 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
     _expand_schedules(run, top_layouts)
     solver = _refine_splits(run, refine)
     run.say(f"split: {solver or 'even'}; best {run.best_text()}")
-    return run.result(objective=objective, max_cost=max_cost, max_days=max_days,
+    return run.result(objective=objective, max_cost=max_cost, max_days=max_days, bound=bound,
                       pruned=pruned, seconds=time.perf_counter() - started, solver=solver)
 
 
@@ -346,19 +351,25 @@ class _Run:
             cand = Candidate(**base, error=str(exc))
             self.results.append(cand)
             return cand
-        days = usd = usd_spot = None
+        low, high = getattr(r, "step_time_interval_s", None) or (None, None)
+        days = usd = usd_spot = days_high = usd_high = None
         if self.tokens:
             steps = self.tokens / (self.spec.scenario.training.global_batch * self.spec.seq_len)
             hours = steps * r.step_time_s / 3600.0
             days = hours / 24.0
             usd = _times(base["usd_per_hour"], hours)
             usd_spot = _times(base["usd_per_hour_spot"], hours)
-        cand = Candidate(**base, step_time_s=r.step_time_s, tokens_per_s=r.tokens_per_s,
+            if high is not None:
+                days_high = days * high / r.step_time_s
+                usd_high = _times(usd, high / r.step_time_s)
+        cand = Candidate(**base, step_time_s=r.step_time_s, step_time_low_s=low,
+                         step_time_high_s=high, tokens_per_s=r.tokens_per_s,
                          mfu=r.mfu, bubble_fraction=r.bubble_fraction,
                          peak_memory_gib=r.peak_memory_bytes / GIB,
                          fits=bool(r.fits_in_memory) and r.peak_memory_bytes <= (
                              1.0 - self.headroom) * r.memory_capacity_bytes,
-                         days=days, usd=usd, usd_spot=usd_spot, scenario=sc)
+                         days=days, days_high=days_high, usd=usd, usd_high=usd_high,
+                         usd_spot=usd_spot, scenario=sc)
         self.results.append(cand)
         return cand
 
@@ -385,8 +396,9 @@ class _Run:
                 f"{c.pipeline} CP {c.context} DP {c.data}, mb {c.micro_batch}, {c.schedule})")
 
     def result(self, *, objective: str, max_cost, max_days, pruned: int, seconds: float,
+               bound: str = "predicted",
                solver: str) -> PlanResult:
-        cands = [_budget(c, max_cost, max_days) for c in self.results]
+        cands = [_budget(c, max_cost, max_days, bound) for c in self.results]
         cands = _mark_pareto(cands)
         key = _objective_key(objective)
         ok = sorted((c for c in cands if c.ok), key=key)
@@ -395,7 +407,7 @@ class _Run:
                        key=lambda c: c.peak_memory_gib)
         failed = [c for c in cands if c.error is not None]
         if not ok:
-            raise _no_plan(self.spec, rest, tight, failed, max_cost, max_days, objective)
+            raise _no_plan(self.spec, rest, tight, failed, max_cost, max_days, objective, bound)
         best = ok[0]
         doc = best.scenario.to_dict()
         if self.spec.scenario.name:
@@ -409,17 +421,21 @@ class _Run:
                           pruned=pruned, seconds=seconds, solver=solver, notes=tuple(self.notes))
 
 
-def _no_plan(spec: PlanSpec, rest, tight, failed, max_cost, max_days, objective) -> PartitaError:
+def _no_plan(spec: PlanSpec, rest, tight, failed, max_cost, max_days, objective,
+             bound: str = "predicted") -> PartitaError:
     if rest:
         c = min(rest, key=_objective_key(objective))
+        at = "" if bound == "predicted" else " at the slow end of its interval"
         got = []
         if max_cost is not None:
-            cheapest = min((x.usd for x in rest if x.usd is not None), default=None)
-            got.append(f"--max-cost {max_cost:g} USD (cheapest plan: "
+            cheapest = min((u for x in rest if (u := budget_values(x, bound)[1]) is not None),
+                           default=None)
+            got.append(f"--max-cost {max_cost:g} USD (cheapest plan{at}: "
                        + (f"{cheapest:,.0f} USD)" if cheapest is not None else "no price known)"))
         if max_days is not None:
-            fastest = min((x.days for x in rest if x.days is not None), default=None)
-            got.append(f"--max-days {max_days:g} (fastest plan: "
+            fastest = min((d for x in rest if (d := budget_values(x, bound)[0]) is not None),
+                          default=None)
+            got.append(f"--max-days {max_days:g} (fastest plan{at}: "
                        + (f"{fastest:.1f} days)" if fastest is not None else "no --tokens given)"))
         return PartitaError(f"{spec.origin}: no plan meets " + " and ".join(got)
                             + f"; the best without the budget is {c.gpus} x {c.system}")

@@ -7,7 +7,9 @@ front, and `error`, the reason a candidate could not be simulated). For each sys
 report picks the best fitting plan by the objective (time: step time; cost: dollars; memory: peak
 memory), computes its scaling efficiency against the system's smallest size (tokens/s per GPU over
 that of the smallest), draws scaling efficiency and time against cost with the Pareto front, and
-derives a recommendation from the numbers: cheapest, fastest, and cheapest within a deadline.
+derives a recommendation from the numbers: cheapest, fastest, and cheapest within a deadline,
+each with the days at the slow end of its step time's 90% interval where the table has them
+(optional columns `days_high`, `usd_high`).
 Candidates that failed or do not fit are listed with their reason, never dropped silently.
 """
 from __future__ import annotations
@@ -26,10 +28,12 @@ CANDIDATE_COLUMNS = ("system", "nodes", "gpus", "tensor", "pipeline", "context",
                      "grad_reduce", "step_time_s", "tokens_per_s", "mfu", "peak_memory_gib",
                      "memory_capacity_gib", "fits", "usd_per_hour", "usd_per_hour_spot", "days",
                      "usd", "usd_spot", "pareto", "error")
+OPTIONAL_COLUMNS = ("days_high", "usd_high")     # the slow end of the step's 90% interval
 OBJECTIVES = {"time": "step_time_s", "cost": "usd", "memory": "peak_memory_gib"}
 FORMATS = {"step_time_s": ".4f", "tokens_per_s": ".1f", "mfu": ".3f", "scaling_efficiency": ".3f",
            "usd_per_hour": ",.2f", "usd_per_hour_spot": ",.2f", "days": ".2f", "usd": ",.0f",
-           "usd_spot": ",.0f", "peak_memory_gib": ".2f", "memory_capacity_gib": ".1f"}
+           "usd_spot": ",.0f", "peak_memory_gib": ".2f", "memory_capacity_gib": ".1f",
+           "days_high": ".2f", "usd_high": ",.0f"}
 
 
 def check_candidates(frame: pd.DataFrame) -> None:
@@ -86,6 +90,7 @@ def best_plans(frame: pd.DataFrame, objective: str = "time") -> pd.DataFrame:
     cols = ["system", "nodes", "gpus", "plan", "step_time_s", "tokens_per_s", "mfu",
             "scaling_efficiency", "peak_memory_gib", "memory_capacity_gib", "usd_per_hour",
             "usd_per_hour_spot", "days", "usd", "usd_spot", "pareto"]
+    cols += [c for c in OPTIONAL_COLUMNS if c in best.columns]
     return best[cols]
 
 
@@ -96,8 +101,11 @@ def recommendation(best: pd.DataFrame, deadline_days: float | None = None) -> li
         return ["No fitting candidate has a price and a duration; nothing to recommend."]
     def line(label: str, r) -> str:
         spot = (f", ${r['usd_spot']:,.0f} on spot" if pd.notna(r["usd_spot"]) else "")
+        slow = r.get("days_high")
+        upto = (f" (up to {slow:.2f} at the slow end of its 90% interval)"
+                if slow is not None and pd.notna(slow) else "")
         return (f"{label}: {r['gpus']} GPUs on {r['nodes']} x {r['system']} ({r['plan']}): "
-                f"{r['days']:.2f} days, ${r['usd']:,.0f} on demand{spot}, "
+                f"{r['days']:.2f} days{upto}, ${r['usd']:,.0f} on demand{spot}, "
                 f"{r['tokens_per_s']:,.0f} tokens/s.")
     cheapest = priced.sort_values(["usd", "days"]).iloc[0]
     fastest = priced.sort_values(["days", "usd"]).iloc[0]

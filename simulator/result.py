@@ -40,8 +40,8 @@ class SimResult:
     details: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
     # Where the measured step would lie if this prediction errs as the cross-validated predictions
     # of its regime did (5th-95th percentile; simulator.interval); None without residuals.
-    step_time_interval_s: tuple[float, float] | None = None
-    interval_regime: str = ""
+    step_time_interval_s: tuple[float, float] | None = None   # 90%, split-conformal (interval.py)
+    interval_rows: int = 0          # the cross-validated errors the interval was drawn from
 
     @property
     def peak_memory_gib(self) -> float:
@@ -68,7 +68,7 @@ class SimResult:
             "step_time_s": self.step_time_s,
             "step_time_interval_s": (list(self.step_time_interval_s)
                                      if self.step_time_interval_s is not None else None),
-            "step_time_interval_regime": self.interval_regime or None,
+            "step_time_interval_rows": self.interval_rows or None,
             "tokens_per_s": self.tokens_per_s,
             "samples_per_s": self.samples_per_s,
             "tflops_per_gpu": self.tflops_per_gpu,

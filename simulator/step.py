@@ -28,7 +28,7 @@ from partita.simulator.chunkcost import ChunkCost
 from partita.simulator.context import StepContext, resolve
 from partita.simulator.dataparallel import dp_finish_times, optimizer_time, step_sync_time
 from partita.simulator.host import HostCosts, load_host_costs
-from partita.simulator.interval import scenario_regime, step_time_interval
+from partita.simulator.interval import step_time_interval
 from partita.simulator.modelcosts import ModelCosts, model_costs
 from partita.simulator.network import build_topology
 from partita.simulator.overheads import Overheads, load_overheads
@@ -175,8 +175,7 @@ def _result(ctx: StepContext, cal, model_flops: float, step: float, timeline, br
     per_gpu = model_flops / step / ctx.gpus
     price = ctx.system.price.best_usd_per_hour
     nodes = -(-ctx.gpus // ctx.system.gpus_per_node)
-    band = step_time_interval(step, scenario_regime(t.framework, ctx.gpus,
-                                                    ctx.system.gpus_per_node))
+    band = step_time_interval(step)
     memory = {"parameters": int(mem.parameters), "gradients": int(mem.gradients),
               "optimizer": int(mem.optimizer), "activations": int(mem.activations),
               "other": int(mem.other)}
@@ -189,6 +188,6 @@ def _result(ctx: StepContext, cal, model_flops: float, step: float, timeline, br
         memory_breakdown_bytes=memory, gpus=ctx.gpus, system=ctx.system.name,
         usd_per_hour=price * nodes if price is not None else None, spans=spans,
         step_time_interval_s=(band.low_s, band.high_s) if band is not None else None,
-        interval_regime=band.regime if band is not None else "",
+        interval_rows=band.rows if band is not None else 0,
         details={"microbatches": ctx.microbatches, "nodes": nodes, "peak_memory_rank": peak_rank,
                  "model_flops_per_step": model_flops})

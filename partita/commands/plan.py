@@ -37,6 +37,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "for --tokens (on-demand price)")
     p.add_argument("--max-days", type=float, metavar="D", help="only plans finishing --tokens "
                    "within D days")
+    p.add_argument("--bound", choices=("predicted", "slow"), default="predicted",
+                   help="check --max-cost / --max-days against the predicted step time (default) "
+                        "or the slow end of its 90%% interval")
     p.add_argument("--headroom", type=float, default=0.0, metavar="F",
                    help="fraction of GPU memory a plan must leave free beyond the simulator's "
                         "reserve (default 0)")
@@ -81,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
 
     result = plan(args.file, catalog=catalog, systems=systems, max_gpus=args.max_gpus,
                   nodes=args.nodes, objective=args.objective, tokens=args.tokens,
-                  max_cost=args.max_cost, max_days=args.max_days, progress=progress,
+                  max_cost=args.max_cost, max_days=args.max_days, bound=args.bound,
+                  progress=progress,
                   time_budget_s=args.time_budget, headroom=args.headroom,
                   optimize=args.optimize, executable=args.executable)
     if out is not None:
@@ -150,9 +154,9 @@ def format_table(result, top: int) -> str:
     lines += [f"  note: {n}" for n in result.notes]
     head = (f"{'#':>3} {'system':<18} {'gpus':>5} {'TP':>3} {'PP':>3} {'CP':>3} {'DP':>4} "
             f"{'mb':>3} {'schedule':<20} {'recomp':<12} {'Z':>4} {'reduce':<16} {'step s':>9} "
-            f"{'tok/s':>10} {'MFU':>5} {'mem GiB':>13} {'$/h':>8}")
+            f"{'90% interval':>15} {'tok/s':>10} {'MFU':>5} {'mem GiB':>13} {'$/h':>8}")
     if result.tokens:
-        head += f" {'days':>7} {'$':>11} {'$ spot':>11}"
+        head += f" {'days':>7} {'slow':>7} {'$':>11} {'$ slow':>11} {'$ spot':>11}"
     lines.append(head)
     for i, c in enumerate(rows, 1):
         if c.error is not None:
@@ -166,12 +170,26 @@ def format_table(result, top: int) -> str:
         mem = f"{c.peak_memory_gib:.1f}/{c.memory_capacity_gib:.0f}" + ("" if c.fits else "!")
         line = (f"{i:>3} {c.system:<18} {c.gpus:>5} {c.tensor:>3} {c.pipeline:>3} {c.context:>3} "
                 f"{c.data:>4} {c.micro_batch:>3} {sched:<20} {recomp:<12} {zero:>4} "
-                f"{c.grad_reduce:<16} {c.step_time_s:>9.3f} {c.tokens_per_s:>10.0f} "
+                f"{c.grad_reduce:<16} {c.step_time_s:>9.3f} {_band(c):>15} {c.tokens_per_s:>10.0f} "
                 f"{100 * c.mfu:>4.0f}% {mem:>13} {_money(c.usd_per_hour):>8}")
         if result.tokens:
-            line += (f" {c.days:>7.1f} {_money(c.usd):>11} {_money(c.usd_spot):>11}"
+            line += (f" {c.days:>7.1f} {_num(c.days_high, '.1f'):>7} {_money(c.usd):>11} "
+                     f"{_money(c.usd_high):>11} {_money(c.usd_spot):>11}"
                      if c.days is not None else "")
         flags = ("  pareto" if c.pareto else "") + ("" if c.within_budget else "  over budget") + (
             f"  split {c.split}" if c.split != "even" else "")
         lines.append(line + flags)
+    if result.tokens:
+        lines.append("  (slow: days and dollars at the slow end of the step time's 90% interval)")
     return "\n".join(lines)
+
+
+def _band(c) -> str:
+    """The step time's 90% interval, 'low-high' seconds, or '-'."""
+    if c.step_time_low_s is None or c.step_time_high_s is None:
+        return "-"
+    return f"{c.step_time_low_s:.4g}-{c.step_time_high_s:.4g}"
+
+
+def _num(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)

@@ -71,7 +71,7 @@ def format_summary(scenario, r, path: str) -> str:
            if scenario.training.recompute_num_layers is not None else ""),
         f"  step time        {r.step_time_s:10.4f} s"
         + (f"   90% interval {r.step_time_interval_s[0]:.4g}-{r.step_time_interval_s[1]:.4g} s "
-           f"(cross-validated, {r.interval_regime})"
+           f"(errors of {r.interval_rows} runs of sources left out of the fit)"
            if getattr(r, "step_time_interval_s", None) else ""),
         f"  throughput       {r.tokens_per_s:10.1f} tokens/s   {r.samples_per_s:.2f} samples/s",
         f"  model TFLOP/s    {r.tflops_per_gpu:10.1f} per GPU   MFU {100 * r.mfu:.1f}%",

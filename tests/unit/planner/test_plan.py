@@ -145,6 +145,38 @@ def test_budget_no_plan_meets_is_one_error():
     assert all(c.within_budget for c in r.candidates if c.error is None)
 
 
+def _with_interval(s):
+    """fake_evaluate with a 90% interval of -10% / +30% around its step."""
+    r = fake_evaluate(s)
+    r.step_time_interval_s = (r.step_time_s * 0.9, r.step_time_s * 1.3)
+    return r
+
+
+def test_the_budget_is_checked_at_the_prediction_or_the_slow_end_of_its_interval(capsys):
+    best = plan(small(), catalog=CATALOG, evaluate=_with_interval, tokens=1e9).candidates[0]
+    assert best.step_time_low_s == pytest.approx(0.9 * best.step_time_s)
+    assert best.days_high == pytest.approx(1.3 * best.days)
+    assert best.usd_high == pytest.approx(1.3 * best.usd)
+    days = 1.1 * best.days                     # above the prediction, below its slow end
+    r = plan(small(), catalog=CATALOG, evaluate=_with_interval, tokens=1e9, max_days=days)
+    assert r.candidates[0].within_budget and r.candidates[0].step_time_s == best.step_time_s
+    with pytest.raises(PartitaError, match="fastest plan at the slow end of its interval"):
+        plan(small(), catalog=CATALOG, evaluate=_with_interval, tokens=1e9, max_days=days,
+             bound="slow")
+    with pytest.raises(PartitaError, match="--bound: expected one of predicted, slow, got 'worst'"):
+        plan(small(), catalog=CATALOG, evaluate=_with_interval, bound="worst")
+
+
+def test_cli_plan_shows_each_plans_interval_and_slow_budget(tmp_path, capsys):
+    src = write(tmp_path, small(parallel__tensor=2, training__micro_batch=2))
+    assert main(["plan", src, "--tokens", "1e9", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "90% interval" in out and "$ slow" in out and "slow end of the step time's 90%" in out
+    with pytest.raises(SystemExit) as exc:                          # a usage error: one line
+        main(["plan", src, "--bound", "fastest"])
+    assert exc.value.code == 2 and "invalid choice: 'fastest'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("doc, kwargs, message", [
     (small(parallel__pipeline=7), {}, "parallel.pipeline\\*virtual_stages \\(7\\) exceeds the "
                                       "model's 6 layers"),

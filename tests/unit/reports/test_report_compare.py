@@ -23,6 +23,18 @@ def test_best_plan_per_system_and_size():
         assert eff == pytest.approx([1.0, 1 - loss, (1 - loss) ** 2])
 
 
+def test_recommendation_gives_the_slow_end_where_the_table_has_it():
+    frame = candidates()
+    frame["days_high"] = frame["days"] * 1.3
+    frame["usd_high"] = frame["usd"] * 1.3
+    best = best_plans(frame)
+    assert {"days_high", "usd_high"} <= set(best.columns)
+    first = recommendation(best)[0]
+    cheapest = best.sort_values("usd").iloc[0]
+    assert f"(up to {cheapest['days_high']:.2f} at the slow end of its 90% interval)" in first
+    assert "slow end" not in recommendation(best_plans(candidates()))[0]     # older tables
+
+
 def test_cost_objective_picks_the_cheapest_plan():
     frame = candidates()
     frame.loc[frame["pipeline"] == 8, "usd"] *= 0.5            # make PP 8 the cheaper plan

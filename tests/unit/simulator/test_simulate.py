@@ -644,20 +644,32 @@ def test_every_prediction_carries_a_cross_validated_interval(capsys):
     out = json.loads(capsys.readouterr().out)
     low, high = out["step_time_interval_s"]
     assert low < out["step_time_s"] < high
-    assert out["step_time_interval_regime"] in ("megatron/multi-node", "pooled")
+    assert out["step_time_interval_rows"] >= 100          # every dev row's cross-validated error
 
 
-def test_interval_from_residuals_by_hand(tmp_path):
-    from partita.simulator.interval import step_time_interval
-    rows = [{"regime": "fsdp/one-node", "error_pct": e} for e in range(-10, 10)]   # 20 rows
-    rows += [{"regime": "megatron/one-node", "error_pct": 50.0}]
+def test_interval_is_split_conformal_by_hand(tmp_path):
+    from partita.simulator.interval import conformal_bounds, step_time_interval
+    # 19 errors -10..8 %: n + 1 = 20, k_lo = floor(20 x 0.05) = 1, k_hi = ceil(20 x 0.95) = 19
+    rows = [{"regime": "any", "error_pct": e} for e in range(-10, 9)]
     path = tmp_path / "cv.json"
     path.write_text(json.dumps({"rows": rows}))
-    band = step_time_interval(1.0, "fsdp/one-node", path)
-    assert band.regime == "fsdp/one-node" and band.rows == 20
-    # 5th / 95th percentiles of -10..9 %: -9.05 % and +8.05 %
-    assert band.low_s == pytest.approx(1 / 1.0805) and band.high_s == pytest.approx(1 / 0.9095)
-    assert step_time_interval(1.0, "megatron/one-node", path).regime == "pooled"   # 1 row < 8
+    band = step_time_interval(1.0, path)
+    assert band.rows == 19
+    assert band.low_s == pytest.approx(1 / 1.08) and band.high_s == pytest.approx(1 / 0.90)
+    # 108 errors: ranks 5 and 104 (not the 5th and 95th percentiles' interpolation)
+    errs = [i / 100 for i in range(108)]
+    assert conformal_bounds(errs) == (0.04, 1.03)
+    assert conformal_bounds([0.1]) is None
+
+
+def test_nested_coverage_leaves_each_source_out_of_its_own_interval():
+    from partita.simulator.interval import nested_coverage
+    rows = [("a", -0.05), ("a", 0.0), ("a", 0.05), ("b", -0.04), ("b", 0.01), ("b", 0.06),
+            ("c", 0.5)]
+    # c's row against a's and b's six errors: [-0.05, 0.06], outside; a's rows against b's and c's
+    # four: [-0.04, 0.5], two inside; b's against a's and c's: [-0.05, 0.5], all three inside
+    assert nested_coverage(rows) == (5, 7)
+    assert nested_coverage([("a", 0.1)]) == (0, 0)            # no other source: no interval
 
 
 def test_hf_config_without_seq_len_is_an_error(tmp_path, capsys):

@@ -600,6 +600,10 @@ def test_readme_quotes_the_stored_leave_one_source_out_figures():
         "`partita validate --cross-validate --write` and update README")
     line = loso_line(validation.summarize(r["error_pct"] / 100.0 for r in stored["rows"]))
     assert line in README.read_text()
+    from partita.commands.validate import nested_coverage_line
+    from partita.simulator.interval import nested_coverage
+    coverage = nested_coverage([(r["source_key"], r["error_pct"] / 100.0) for r in stored["rows"]])
+    assert nested_coverage_line(*coverage) in README.read_text()
 
 
 def test_readme_quotes_the_frozen_test_figures(tmp_path, monkeypatch):
