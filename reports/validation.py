@@ -3,12 +3,13 @@
 From `validation.runner.run_validation` (the numbers `partita validate` prints): predicted vs
 measured scatter with the 5% and 10% bands, the rows fitted on beside the held-back rows, the
 signed error by source, the worst rows, and every row skipped or refused with its reason. Where
-the simulator offers a leave-one-source-out refit (`partita validate --cross-validate`), its
-summary sits beside the other two; where it does not, the page says so.
+the command passes them, a section on runs the fit never saw: the leave-one-source-out errors
+stored by `partita validate --cross-validate --write` (a figure and a table by source), how the
+90% intervals hold when each source is left out of them too, and the summaries of the frozen test
+sets (never a frozen row's own error: those are withheld, `validation.frozen`).
 """
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 
 import pandas as pd
@@ -48,19 +49,6 @@ def summary_table(report, memory: bool = False) -> pd.DataFrame:
                      "p90_abs_pct": s["p90_abs_pct"], "max_abs_pct": s["max_abs_pct"],
                      "mean_signed_pct": s["mean_signed_pct"]})
     return pd.DataFrame(rows)
-
-
-def cross_validation() -> object | None:
-    """The simulator's leave-one-source-out entry point, if this installation has one."""
-    for modname in ("partita.validation.crossval", "partita.validation.runner"):
-        try:
-            mod = importlib.import_module(modname)
-        except ImportError:
-            continue
-        fn = getattr(mod, "cross_validate", None)
-        if callable(fn):
-            return fn
-    return None
 
 
 def _scatter(frame: pd.DataFrame) -> bytes:
@@ -151,6 +139,72 @@ def _by_source(frame: pd.DataFrame) -> bytes:
     return png_bytes(fig)
 
 
+def loso_table(rows: list[dict]) -> pd.DataFrame:
+    """Leave-one-source-out absolute errors (%) per source and over all, from crossval.json rows."""
+    from partita.validation.runner import summarize
+    out = []
+    for source in sorted({r["source_key"] for r in rows}) + [None]:
+        s = summarize(r["error_pct"] / 100.0 for r in rows if source in (None, r["source_key"]))
+        out.append({"source": source or "all", "rows": s.count, "median_abs_pct": s.median_pct,
+                    "p90_abs_pct": s.p90_pct, "max_abs_pct": s.max_pct,
+                    "mean_signed_pct": s.bias_pct})
+    return pd.DataFrame(out)
+
+
+def loso_figure(rows: list[dict]) -> bytes:
+    """Left: measured against predicted step time per row, each predicted by a fit that left its
+    source out, coloured by source; right: the rows' signed errors by source."""
+    fig = new_figure(13.0, 5.5)
+    ax, bx = fig.subplots(1, 2)
+    sources = sorted({r["source_key"] for r in rows})
+    for i, source in enumerate(sources):
+        mine = [r for r in rows if r["source_key"] == source]
+        style = {"s": 22, "color": SERIES[i % len(SERIES)],
+                 "marker": "o^sDv"[i // len(SERIES) % 5]}          # past 8 sources: a new marker
+        ax.scatter([r["measured_step_s"] for r in mine], [r["predicted_step_s"] for r in mine],
+                   label=source, **style)
+        bx.scatter([i] * len(mine), [r["error_pct"] for r in mine], **style)
+    lo = min(min(r["measured_step_s"], r["predicted_step_s"]) for r in rows) * 0.8
+    hi = max(max(r["measured_step_s"], r["predicted_step_s"]) for r in rows) * 1.25
+    ax.plot([lo, hi], [lo, hi], color="black", lw=1)
+    for f in (0.9, 1.1):
+        ax.plot([lo, hi], [lo * f, hi * f], color="grey", lw=0.8, ls="--")
+    ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi),
+           xlabel="measured step time (s)", ylabel="predicted, source left out of the fit (s)",
+           title="Leave-one-source-out predictions (dashed: +-10%)")
+    ax.legend(fontsize=7, loc="upper left", ncol=2)
+    bx.axhline(0, color="black", lw=1)
+    for f in (-10, 10):
+        bx.axhline(f, color="grey", lw=0.8, ls="--")
+    bx.set_xticks(range(len(sources)), sources, rotation=45, ha="right", fontsize=8)
+    bx.set(xlabel="left-out source", ylabel="error: predicted / measured - 1 (%)",
+           title="Error per row, by left-out source")
+    for a in (ax, bx):
+        a.grid(True, which="both", alpha=0.2)
+    return png_bytes(fig)
+
+
+def frozen_table(frozen) -> pd.DataFrame:
+    """One row per frozen test set, from (FrozenSet, its Report) pairs: the summary that
+    `partita validate --frozen-test` prints, never a row's own error."""
+    from partita.simulator.interval import step_time_interval
+    out = []
+    for fs, rep in frozen:
+        s = rep.summary()
+        inside = total = 0
+        for r in rep.results:
+            band = step_time_interval(r.predicted_step_s) if r.predicted_step_s else None
+            if band is not None:
+                total += 1
+                inside += band.low_s <= r.row.measured_step_s <= band.high_s
+        out.append({"set": fs.name, "csv": fs.csv.name, "frozen": fs.frozen,
+                    "simulated": s.count, "not_simulated": len(rep.skipped) + len(rep.failed()),
+                    "median_abs_pct": s.median_pct, "p90_abs_pct": s.p90_pct,
+                    "max_abs_pct": s.max_pct, "mean_signed_pct": s.bias_pct,
+                    "inside_90pct_interval": f"{inside} of {total}"})
+    return pd.DataFrame(out)
+
+
 def skipped_table(report, frame: pd.DataFrame) -> pd.DataFrame:
     """Rows not compared: those the row map skipped and those the simulator refused, with why."""
     return pd.DataFrame([{"id": s.row_id, "model": s.model, "kind": s.kind, "reason": s.reason}
@@ -159,7 +213,12 @@ def skipped_table(report, frame: pd.DataFrame) -> pd.DataFrame:
                             "reason": r.failure} for r in frame[frame["failure"] != ""].itertuples()])
 
 
-def validation_report(report, *, progress: Callable[[str], None] | None = None) -> Report:
+def validation_report(report, *, progress: Callable[[str], None] | None = None,
+                      withheld: int = 0, loso_rows: list[dict] | None = None,
+                      nested: tuple[int, int] | None = None, frozen=None) -> Report:
+    """The page. `withheld`: rows of a frozen test set whose step times were withheld;
+    `loso_rows`: crossval.json's rows; `nested`: (inside, rows) of the intervals with each source
+    left out of them too; `frozen`: (FrozenSet, Report) pairs."""
     frame = rows_table(report)
     memory = frame["memory_error_pct"].notna().any()
     if not memory:
@@ -176,13 +235,11 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None) 
            "memory_error_pct": "+.1f"}
     sfmt = {c: ".1f" for c in ("median_abs_pct", "p90_abs_pct", "max_abs_pct")} | {
         "mean_signed_pct": "+.1f"}
-    cv_text = ("Leave-one-source-out: this installation's simulator offers a cross-validation "
-               "entry point; run `partita validate --cross-validate` for its summary."
-               if cross_validation() is not None else
-               "Leave-one-source-out: not available in this installation (the simulator has no "
-               "`--cross-validate` refit yet), so only the fit and held-back figures are shown.")
     text = (f"{len(ok)} published runs simulated from {report.csv}; split: {report.split_rule}. "
-            "Error = predicted / published - 1; the summary is of absolute errors.", cv_text)
+            "Error = predicted / published - 1; the summary is of absolute errors.",)
+    if withheld:
+        text += (f"The predicted step times of {withheld} rows of a frozen test set are withheld: "
+                 "`partita validate --frozen-test` reports that set, once per model change.",)
     drawn = len(ok) > 0
     sections = [
         Section(heading="Summary", text=text, tables=(TableItem(
@@ -199,6 +256,9 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None) 
             TableItem(name="rows", title="Every simulated row", frame=frame, formats=fmt),
             TableItem(name="skipped", title="Rows not compared, with the reason",
                       frame=skipped)))]
+    unseen = _unseen_section(loso_rows, nested, frozen, sfmt)
+    if unseen is not None:
+        sections.insert(1, unseen)
     if memory:
         sections.insert(3, Section(heading="Peak memory per GPU", figures=(FigureItem(
             name="validate_memory", title="Predicted vs published peak memory",
@@ -207,3 +267,31 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None) 
                 frame=summary_table(report, memory=True), formats=sfmt),)))
     return Report(kind="validate", title="Validation: predicted vs published", subtitle=report.csv,
                   sections=tuple(sections))
+
+
+def _unseen_section(loso_rows, nested, frozen, sfmt) -> Section | None:
+    """Runs the fit never saw: leave-one-source-out, interval coverage, the frozen sets."""
+    if not loso_rows and not frozen:
+        return None
+    text, figures, tables = [], [], []
+    if loso_rows:
+        table = loso_table(loso_rows)
+        every = table.iloc[-1]
+        text.append(f"Leave-one-source-out ({every['rows']} rows): each source predicted by a fit "
+                    f"that left it out, median {every['median_abs_pct']:.1f}%, p90 "
+                    f"{every['p90_abs_pct']:.1f}%, max {every['max_abs_pct']:.1f}%, bias "
+                    f"{every['mean_signed_pct']:+.1f}% (`partita validate --cross-validate`).")
+        figures.append(FigureItem(name="validate_loso", title="Leave-one-source-out",
+                                  png=loso_figure(loso_rows)))
+        tables.append(TableItem(name="loso", title="Leave-one-source-out, absolute error (%)",
+                                frame=table, formats=sfmt))
+    if nested is not None:
+        text.append(f"The 90% intervals, each row's drawn from the other sources' errors only: "
+                    f"{nested[0]} of {nested[1]} measured steps inside.")
+    if frozen:
+        text.append("Frozen test sets: never fitted on, reported once per model change; their "
+                    "rows' own errors are never shown.")
+        tables.append(TableItem(name="frozen", title="Frozen test sets, absolute error (%)",
+                                frame=frozen_table(frozen), formats=sfmt))
+    return Section(heading="Runs the fit never saw", text=tuple(text), figures=tuple(figures),
+                   tables=tuple(tables))

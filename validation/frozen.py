@@ -70,6 +70,29 @@ def frozen_row_ids(csv: str | Path, sets: tuple[FrozenSet, ...] | None = None) -
     return frozenset(i for s in sets if s.csv.resolve() == target for i in s.row_ids)
 
 
+def frozen_report(frozen_set: FrozenSet, catalog=None):
+    """One frozen set's rows simulated (a `validation.runner.Report`), every row hold-out."""
+    from partita.validation.runner import Split, run_validation
+    return run_validation(frozen_set.csv, rows=frozen_set.row_ids, split=Split(fit=frozenset()),
+                          catalog=catalog)
+
+
+def withhold_step_times(report):
+    """`report` (a `validation.runner.Report`) without the predicted step times of the frozen test
+    sets' rows (their peak memory stays): a frozen set is reported by `partita validate
+    --frozen-test` alone, once per model change, so no other report, printed or HTML, may show
+    its errors. Returns (report, rows withheld)."""
+    from dataclasses import replace
+    frozen = frozen_row_ids(report.csv)
+    if not frozen:
+        return report, 0
+    results = tuple(replace(r, predicted_step_s=None) if r.row.row_id in frozen else r
+                    for r in report.results)
+    withheld = sum(r.row.row_id in frozen and r.predicted_step_s is not None
+                   for r in report.results)
+    return replace(report, results=results), withheld
+
+
 def _date(c: Checker) -> str:
     raw = c.mapping.get("frozen")
     text = raw.isoformat() if isinstance(raw, datetime.date) else raw

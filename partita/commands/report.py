@@ -157,8 +157,28 @@ def _validate(args: argparse.Namespace) -> int:
         csv = csv if csv is not None else MEMORY_CSV
         split = split if split is not None else MEMORY_SPLIT
     _progress("validate: simulating every published row ...")
-    report = run_validation(csv, split=load_split(split), catalog=catalog_from_args(args))
-    return _finish(validation_report(report, progress=_progress), args)
+    from partita.validation.frozen import withhold_step_times
+    catalog = catalog_from_args(args)
+    report = run_validation(csv, split=load_split(split), catalog=catalog)
+    report, withheld = withhold_step_times(report)
+    unseen = _unseen(catalog) if csv is None else {}
+    return _finish(validation_report(report, progress=_progress, withheld=withheld, **unseen), args)
+
+
+def _unseen(catalog) -> dict:
+    """For the dev CSV's page: the stored leave-one-source-out rows, the nested interval coverage
+    and the frozen sets' reports (`reports.validation`)."""
+    from partita.simulator.interval import nested_coverage
+    from partita.validation.crossval import RESIDUALS_FILE, load_residuals
+    from partita.validation.frozen import frozen_report, load_frozen_sets
+    out: dict = {}
+    if RESIDUALS_FILE.exists():
+        rows = load_residuals()["rows"]
+        out["loso_rows"] = rows
+        out["nested"] = nested_coverage([(r["source_key"], r["error_pct"] / 100.0) for r in rows])
+    _progress("validate: the frozen test sets ...")
+    out["frozen"] = [(s, frozen_report(s, catalog)) for s in load_frozen_sets()]
+    return out
 
 
 def _run(args: argparse.Namespace) -> int:

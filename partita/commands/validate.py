@@ -93,7 +93,8 @@ def run(args: argparse.Namespace) -> int:
     if args.split is not None or args.csv is None:      # a split chosen for this CSV
         _check_split_ids(split, split_file, csv)
     report = run_validation(csv, rows=rows, split=split, catalog=catalog_from_args(args))
-    report, withheld = _withhold_frozen_step_times(report)
+    from partita.validation.frozen import withhold_step_times
+    report, withheld = withhold_step_times(report)
     if args.json:
         print(json.dumps(report.to_json() | {"layout_choice": _choices_json(_report_choices(report))}))
     else:
@@ -102,22 +103,6 @@ def run(args: argparse.Namespace) -> int:
             print(f"\nStep times withheld for {withheld} rows of the frozen test set "
                   "(reported by `partita validate --frozen-test` only)")
     return 0
-
-
-def _withhold_frozen_step_times(report):
-    """The report without the predicted step times of the frozen test sets' rows (their peak
-    memory stays): a frozen set is reported by --frozen-test alone, once per model change, so
-    no other report may show its errors. Returns (report, rows withheld)."""
-    from dataclasses import replace
-    from partita.validation.frozen import frozen_row_ids
-    frozen = frozen_row_ids(report.csv)
-    if not frozen:
-        return report, 0
-    results = tuple(replace(r, predicted_step_s=None) if r.row.row_id in frozen else r
-                    for r in report.results)
-    withheld = sum(r.row.row_id in frozen and r.predicted_step_s is not None
-                   for r in report.results)
-    return replace(report, results=results), withheld
 
 
 def _check_split_ids(split, split_file, csv) -> None:
@@ -163,7 +148,7 @@ def _cross_validate(args: argparse.Namespace) -> int:
 
 def _frozen_test(args: argparse.Namespace) -> int:
     from partita.commands import catalog_from_args
-    from partita.validation.frozen import load_frozen_sets
+    from partita.validation.frozen import frozen_report, load_frozen_sets
 
     if args.csv is not None or args.rows or args.memory or args.split:
         print("error: --frozen-test runs the rows of data/validation/frozen_test.yaml only "
@@ -193,13 +178,6 @@ def _by_reason(skipped) -> list[tuple[str, list[str]]]:
     for k in skipped:
         groups.setdefault(k.reason, []).append(k.row_id)
     return list(groups.items())
-
-
-def frozen_report(frozen_set, catalog=None):
-    """One frozen set's rows simulated, every row hold-out."""
-    from partita.validation.runner import Split, run_validation
-    return run_validation(frozen_set.csv, rows=frozen_set.row_ids, split=Split(fit=frozenset()),
-                          catalog=catalog)
 
 
 def _frozen_choice_line(report) -> str:

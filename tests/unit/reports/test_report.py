@@ -100,6 +100,14 @@ def test_validate_summary_is_validates(capsys, tmp_path):
             assert frame.loc[label, key] == pytest.approx(summary[group][key], rel=1e-12)
     skipped = pd.read_csv(out / "skipped.csv")
     assert len(skipped) >= 1 and skipped["reason"].str.len().min() > 0
+    # runs the fit never saw: the stored leave-one-source-out rows and the frozen sets' summaries
+    from partita.validation.crossval import load_residuals
+    loso = pd.read_csv(out / "loso.csv").set_index("source")
+    assert loso.loc["all", "rows"] == len(load_residuals()["rows"])
+    frozen = pd.read_csv(out / "frozen.csv").set_index("set")
+    assert list(frozen.index) == ["bloom-layouts", "unseen-sources"]
+    assert (out / "validate_loso.png").is_file()
+    assert "Runs the fit never saw" in (out / "validate.html").read_text()
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -145,6 +153,15 @@ def test_validate_memory_summary_is_validates(capsys, tmp_path):
     for label, group in (("fit", "memory_fit"), ("held back", "memory_holdout"), ("all", "memory")):
         assert frame.loc[label, "count"] == summary[group]["count"]
         assert frame.loc[label, "p90_abs_pct"] == pytest.approx(summary[group]["p90_abs_pct"])
+    # the frozen BLOOM rows' step times are withheld from the page, as `validate` withholds them
+    from partita.validation.frozen import frozen_row_ids
+    from partita.validation.runner import MEMORY_CSV
+    rows = pd.read_csv(out / "rows.csv").set_index("id")
+    frozen = sorted(frozen_row_ids(MEMORY_CSV) & set(rows.index))
+    assert frozen and rows.loc[frozen, "predicted_step_s"].isna().all()
+    assert rows.drop(index=frozen)["predicted_step_s"].notna().any()
+    assert "step times of 59 rows of a frozen test set are withheld" in (
+        out / "validate.html").read_text()
 
 
 def test_scaling_with_no_point_simulated_still_reports_why(capsys, tmp_path):

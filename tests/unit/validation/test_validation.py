@@ -608,7 +608,8 @@ def test_readme_quotes_the_stored_leave_one_source_out_figures():
 
 def test_readme_quotes_the_frozen_test_figures(tmp_path, monkeypatch):
     from partita.commands.validate import (_report_choices, coverage_line, frozen_line,
-                                           frozen_report, interval_coverage)
+                                           interval_coverage)
+    from partita.validation.frozen import frozen_report
     from partita.planner.catalog import load_catalog
     from partita.validation.frozen import load_frozen_sets
     from partita.validation.ranking import choice_line, summarize_choices
