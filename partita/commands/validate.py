@@ -8,6 +8,7 @@ Usage:
     partita validate --memory                     # data/validation/published_memory.csv, its split
     partita validate --cross-validate             # leave-one-source-out refit (minutes)
     partita validate --cross-validate --write     # ... and store the residuals (crossval.json)
+    partita validate --frozen-test                # the frozen test sets' summaries, once per change
 
 Prints one line per simulated row (measured and predicted seconds per step, error =
 predicted/measured - 1, fit or hold-out group, the assumptions made to read the row), the rows
@@ -53,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cross-validate", action="store_true",
                    help="leave-one-source-out: refit without each source, predict it (minutes)")
     p.add_argument("--frozen-test", action="store_true",
-                   help="the frozen test set (data/validation/frozen_test.yaml): its summary only; "
-                        "report it once per model change, never tune on it")
+                   help="the frozen test sets (data/validation/frozen_test.yaml): each set's "
+                        "summary only; report them once per model change, never tune on them")
     p.add_argument("--write", action="store_true",
                    help="with --cross-validate: store the residuals in data/validation/crossval.json")
     p.add_argument("--verbose", "-v", action="store_true",
