@@ -57,10 +57,10 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
     own reserve (CUDA context, NCCL buffers, allocator fragmentation), e.g. 0.05.
     `bound`: check `max_cost` / `max_days` against the predicted step time ("predicted") or the
     slow end of its 90% interval ("slow": the plan holds its budget unless the run errs more
-    than 19 in 20 runs of sources the fit never saw did). `optimize`: the ILP split's objective, speed (default) or memory (SageMaker's `optimize`;
-    a scenario's `sagemaker.optimize` sets it too). `executable`: only plans `partita run`
-    executes (no context or sequence parallelism for T5, context dividing seq_len / 2, tensor
-    dividing the k/v heads)."""
+    than 19 in 20 runs of sources the fit never saw did). `optimize`: the ILP split's objective,
+    speed (default) or memory (SageMaker's `optimize`; a scenario's `sagemaker.optimize` sets it
+    too). `executable`: only plans `partita run` executes (no context or sequence parallelism for
+    T5, context dividing seq_len / 2, tensor dividing the k/v heads)."""
     if bound not in BOUNDS:
         raise PartitaError(f"--bound: expected one of {', '.join(BOUNDS)}, got {bound!r}")
     started = time.perf_counter()

@@ -187,16 +187,10 @@ def loso_figure(rows: list[dict]) -> bytes:
 def frozen_table(frozen) -> pd.DataFrame:
     """One row per frozen test set, from (FrozenSet, its Report) pairs: the summary that
     `partita validate --frozen-test` prints, never a row's own error."""
-    from partita.simulator.interval import step_time_interval
     out = []
     for fs, rep in frozen:
         s = rep.summary()
-        inside = total = 0
-        for r in rep.results:
-            band = step_time_interval(r.predicted_step_s) if r.predicted_step_s else None
-            if band is not None:
-                total += 1
-                inside += band.low_s <= r.row.measured_step_s <= band.high_s
+        inside, total = rep.interval_coverage()
         out.append({"set": fs.name, "csv": fs.csv.name, "frozen": fs.frozen,
                     "simulated": s.count, "not_simulated": len(rep.skipped) + len(rep.failed()),
                     "median_abs_pct": s.median_pct, "p90_abs_pct": s.p90_pct,

@@ -88,6 +88,20 @@ class Report:
         rows = [r for r in self.results if r.error is not None and group in (None, r.group)]
         return summarize([r.error for r in rows])
 
+    def interval_coverage(self) -> tuple[int, int]:
+        """(rows whose measured step lies inside the prediction's 90% interval, rows with one):
+        the interval of `simulator.interval`, as `simulate` shows it."""
+        from partita.simulator.interval import step_time_interval
+        inside = total = 0
+        for r in self.results:
+            band = (step_time_interval(r.predicted_step_s) if r.predicted_step_s is not None
+                    else None)
+            if band is None:
+                continue
+            total += 1
+            inside += band.low_s <= r.row.measured_step_s <= band.high_s
+        return inside, total
+
     def memory_summary(self, group: str | None = None) -> Summary:
         return summarize([r.memory_error for r in self.results
                           if r.memory_error is not None and group in (None, r.group)])

@@ -198,19 +198,8 @@ def _frozen_json(frozen_set, report) -> dict:
 
 
 def interval_coverage(report) -> tuple[int, int]:
-    """(rows whose measured step lies inside the prediction's interval, rows with an interval):
-    the interval of `simulator.interval`, as `simulate` shows it."""
-    from partita.simulator.interval import step_time_interval
-    inside = total = 0
-    for r in report.results:
-        if r.predicted_step_s is None:
-            continue
-        iv = step_time_interval(r.predicted_step_s)
-        if iv is None:
-            continue
-        total += 1
-        inside += iv.low_s <= r.row.measured_step_s <= iv.high_s
-    return inside, total
+    """(rows inside their 90% interval, rows with one): `Report.interval_coverage`."""
+    return report.interval_coverage()
 
 
 def coverage_line(inside: int, total: int) -> str:
