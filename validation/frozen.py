@@ -10,8 +10,8 @@ data/validation/frozen_test.yaml names each set under `sets:`, in the order `par
         rows: [<row id>, ...]        # or `all`: every row of a CSV that holds the set alone
 
 A row of a frozen set never enters a fit (the dev CSV's split and the leave-one-source-out
-refits read published_dev.csv only), and no other report shows its predicted step time
-(`partita validate` withholds it).
+refits read published_dev.csv only), and no other report shows its predicted step time:
+`partita validate` and `partita report validate` withhold it (`withhold_step_times`).
 """
 from __future__ import annotations
 
