@@ -73,12 +73,16 @@ def test_ramps_are_inherited_by_like_and_default_but_not_by_a_gpu_measured_at_on
     assert local.attention_efficiency(False, 512, 64, True) == 0.2
 
 
-def test_a_ramp_missing_a_curve_is_an_error_naming_the_key(tmp_path):
+CURVES = ("causal_hd64", "causal_hd128", "full_hd64", "full_hd128")
+
+
+@pytest.mark.parametrize("ramp, missing", [("attention_by_seq_tflops", "full_hd128"),
+                                           ("flash_by_seq_tflops", "causal_hd64")])
+def test_a_ramp_missing_a_curve_is_an_error_naming_the_key(tmp_path, ramp, missing):
     path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"gpus": {"x": {"attention_by_seq_tflops": {
-        "peak_tflops": 100, "causal_hd64": [[512, 10]], "causal_hd128": [[512, 10]],
-        "full_hd64": [[512, 10]]}}}}))
-    with pytest.raises(PartitaError, match=r"gpus\.x\.attention_by_seq_tflops\.full_hd128"):
+    curves = {c: [[512, 10]] for c in CURVES if c != missing}
+    path.write_text(yaml.safe_dump({"gpus": {"x": {ramp: {"peak_tflops": 100, **curves}}}}))
+    with pytest.raises(PartitaError, match=rf"gpus\.x\.{ramp}\.{missing}"):
         load_calibration(path, include_local=False)
 
 
@@ -180,15 +184,6 @@ def test_hoppers_own_flash_kernel_ramps_as_cudnn_measured_and_flash2_keeps_its_r
     assert tflops(2048, "flash") == pytest.approx(388.3, rel=0.05)
     assert tflops(512, "flash") / tflops(16384, "flash") < tflops(512, "flash2") / tflops(16384, "flash2")
     assert g.attention_ramp(512, 128, True) == pytest.approx(163 / 338)      # FlashAttention-2's
-
-
-def test_a_flash_ramp_missing_a_curve_is_an_error_naming_the_key(tmp_path):
-    path = tmp_path / "bad.yaml"
-    path.write_text(yaml.safe_dump({"gpus": {"x": {"flash_by_seq_tflops": {
-        "peak_tflops": 100, "causal_hd128": [[512, 10]], "full_hd64": [[512, 10]],
-        "full_hd128": [[512, 10]]}}}}))
-    with pytest.raises(PartitaError, match=r"gpus\.x\.flash_by_seq_tflops\.causal_hd64"):
-        load_calibration(path, include_local=False)
 
 
 def test_a_bad_flash_ramp_in_the_local_overlay_is_one_error_line_and_exit_1(tmp_path, monkeypatch,
