@@ -6,7 +6,9 @@ signed error by source, the worst rows, and every row skipped or refused with it
 the command passes them, a section on runs the fit never saw: the leave-one-source-out errors
 stored by `partita validate --cross-validate --write` (a figure and a table by source), how the
 90% intervals hold when each source is left out of them too, and the summaries of the frozen test
-sets (never a frozen row's own error: those are withheld, `validation.frozen`).
+sets (never a frozen row's own error: those are withheld, `validation.frozen`). And the effects of
+one change: pairs of rows of one source that differ in one kind of setting, their predicted ratio of
+step times against the measured one (`validation.effects`).
 """
 from __future__ import annotations
 
@@ -184,6 +186,57 @@ def loso_figure(rows: list[dict]) -> bytes:
     return png_bytes(fig)
 
 
+def effects_table(pairs) -> pd.DataFrame:
+    """Per kind of change and over all pairs: |predicted ratio / measured ratio - 1| (%) and how
+    often the faster run of a pair is predicted faster (`validation.effects`)."""
+    from partita.validation.effects import KIND_TEXT, effect_summaries
+    return pd.DataFrame([{"change": s.kind, "what changes": KIND_TEXT.get(s.kind, "any one kind"),
+                          "pairs": s.pairs, "sources": s.sources, "median_abs_pct": s.median_pct,
+                          "p90_abs_pct": s.p90_pct, "max_abs_pct": s.max_pct,
+                          "mean_signed_pct": s.bias_pct,
+                          "faster_run_named": f"{s.order_right} of {s.decisive}"}
+                         for s in effect_summaries(pairs)])
+
+
+def effects_figure(pairs) -> bytes:
+    """Left: measured against predicted ratio of the two step times of each pair (the slower over
+    the faster run, so measured >= 1), one colour per kind of change, with the +-10% band; below 1
+    on the vertical axis the prediction names the other run faster. Right: each pair's ratio error
+    by kind of change, where the crowd of small ratios near 1 comes apart."""
+    from partita.validation.effects import KINDS
+    fig = new_figure(13.0, 5.5)
+    ax, bx = fig.subplots(1, 2)
+    lo = min(min(p.measured_ratio, p.predicted_ratio) for p in pairs) * 0.9
+    hi = max(max(p.measured_ratio, p.predicted_ratio) for p in pairs) * 1.1
+    xs = [min(lo, 1.0), hi]
+    ax.fill_between(xs, [x * 0.9 for x in xs], [x * 1.1 for x in xs], color="#E8E8E8",
+                    label="within 10%")
+    ax.plot(xs, xs, color="black", lw=0.8, label="predicted = measured")
+    ax.axhline(1.0, color="grey", lw=0.8, ls="--", label="below: the other run predicted faster")
+    bx.axhspan(-10, 10, color="#E8E8E8", label="within 10%")
+    bx.axhline(0, color="black", lw=0.8)
+    kinds = [k for k in KINDS if any(p.kind == k for p in pairs)]
+    for i, kind in enumerate(kinds):
+        mine = [p for p in pairs if p.kind == kind]
+        style = dict(s=22, color=SERIES[i % len(SERIES)], edgecolor="white", lw=0.4, zorder=3)
+        ax.scatter([p.measured_ratio for p in mine], [p.predicted_ratio for p in mine],
+                   label=f"{kind} ({len(mine)} pairs)", **style)
+        spread = [i + 0.3 * ((j * 0.618) % 1.0 - 0.5) for j in range(len(mine))]
+        bx.scatter(spread, [100.0 * p.error for p in mine], **style)
+    ax.set(xscale="log", yscale="log", xlim=xs, ylim=(min(lo, 1.0), hi),
+           xlabel="measured ratio of the two step times (slower / faster)",
+           ylabel="predicted ratio of the same two runs",
+           title="Effects of one change: pairs of runs of one source")
+    ax.legend(fontsize=7, loc="upper left")
+    bx.set_xticks(range(len(kinds)), kinds)
+    bx.set(xlabel="kind of change", ylabel="predicted ratio / measured ratio - 1 (%)",
+           title="Ratio error per pair")
+    bx.legend(fontsize=7, loc="upper left")
+    for a in (ax, bx):
+        a.grid(True, which="both", alpha=0.2)
+    return png_bytes(fig)
+
+
 def frozen_table(frozen) -> pd.DataFrame:
     """One row per frozen test set, from (FrozenSet, its Report) pairs: the summary that
     `partita validate --frozen-test` prints, never a row's own error."""
@@ -250,6 +303,20 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None,
             TableItem(name="rows", title="Every simulated row", frame=frame, formats=fmt),
             TableItem(name="skipped", title="Rows not compared, with the reason",
                       frame=skipped)))]
+    from partita.validation.effects import one_change_pairs
+    pairs = one_change_pairs((r.row, r.predicted_step_s) for r in report.results
+                             if r.predicted_step_s is not None)
+    if pairs:
+        sections.insert(3, Section(
+            heading="Effects of one change",
+            text=("Two runs of one source that differ in one kind of setting (the GPU count, the "
+                  "parallel layout at the same GPUs, recompute, precision, the model, the system): "
+                  "how well is the ratio of their step times predicted? A planner choosing between "
+                  "candidates needs this ratio, and an error common to both runs cancels in it.",),
+            figures=(FigureItem(name="validate_effects", title="Effects of one change",
+                                png=effects_figure(pairs)),),
+            tables=(TableItem(name="effects", title="Ratio error by kind of change (%)",
+                              frame=effects_table(pairs), formats=sfmt),)))
     unseen = _unseen_section(loso_rows, nested, frozen, sfmt)
     if unseen is not None:
         sections.insert(1, unseen)

@@ -18,8 +18,11 @@ predicted peak and its error too, and a memory summary per group. It is a report
 the errors; exit 1 only on bad input (missing CSV, unknown column, unknown row id, malformed split
 file). Where rows measure one job in several layouts (same model, system, GPU count, batch and
 precision; `validation.ranking`), a layout-choice section says whether the layout predicted fastest
-is the measured fastest and what the pick costs (its regret); `--cross-validate` and
-`--frozen-test` rank by their own predictions.
+is the measured fastest and what the pick costs (its regret). Where two rows of one source differ
+in one kind of setting (GPU count, layout, recompute, precision, model, system;
+`validation.effects`), an effects section says how well the ratio of their step times is predicted
+(`--verbose`: every pair). `--cross-validate` and `--frozen-test` rank and pair by their own
+predictions.
 
 `--cross-validate` refits the framework numbers once per source with that source's rows left out
 (`validation.crossval`, the optimiser of benchmarks/fit_overheads.py) and prints each row's error
@@ -97,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     from partita.validation.frozen import withhold_step_times
     report, withheld = withhold_step_times(report)
     if args.json:
-        print(json.dumps(report.to_json() | {"layout_choice": _choices_json(_report_choices(report))}))
+        print(json.dumps(report.to_json() | {"layout_choice": _choices_json(_report_choices(report)),
+                                             "effects": _effects_json(_report_effects(report))}))
     else:
         print(format_report(report, verbose=args.verbose))
         if withheld:
@@ -133,15 +137,16 @@ def _cross_validate(args: argparse.Namespace) -> int:
                                  progress=crossval.stderr_progress)
     if args.write:
         crossval.write_residuals(cv)
-    choices = _cv_choices(cv)
+    choices, effects = _cv_choices(cv), _cv_effects(cv)
     if args.json:
         from partita.simulator.interval import nested_coverage
         inside, total = nested_coverage([(r.source_key, r.error) for r in cv.residuals])
         print(json.dumps(cv.to_json() | {"layout_choice": _choices_json(choices),
+                                         "effects": _effects_json(effects),
                                          "interval_coverage_nested": {"inside": inside,
                                                                       "rows": total}}))
     else:
-        print(format_cross_validation(cv, choices))
+        print(format_cross_validation(cv, choices, effects))
         if args.write:
             print(f"\nwrote {crossval.RESIDUALS_FILE}")
     return 0
@@ -168,6 +173,7 @@ def _frozen_test(args: argparse.Namespace) -> int:
         print("  " + frozen_line(report.summary(), s.name))
         print("  " + coverage_line(*interval_coverage(report)))
         print("  " + _frozen_choice_line(report))
+        print("  " + _frozen_effect_line(report))
         for reason, ids in _by_reason(report.skipped):
             print(f"  not simulated ({len(ids)}): {', '.join(ids)}: {reason}")
     return 0
@@ -186,12 +192,18 @@ def _frozen_choice_line(report) -> str:
     return choice_line(summarize_choices(_report_choices(report)))
 
 
+def _frozen_effect_line(report) -> str:
+    from partita.validation.effects import effect_line, summarize_effects
+    return effect_line(summarize_effects(_report_effects(report)))
+
+
 def _frozen_json(frozen_set, report) -> dict:
     from partita.validation.ranking import summarize_choices
     inside, total = interval_coverage(report)
     return {"csv": str(frozen_set.csv), "frozen": frozen_set.frozen,
             "summary": report.summary().to_json(),
             "layout_choice": summarize_choices(_report_choices(report)).to_json(),
+            "effects": _effects_json(_report_effects(report), per_pair=False),
             "interval_coverage": {"inside": inside, "rows": total},
             "skipped": [{"id": k.row_id, "kind": k.kind, "reason": k.reason}
                         for k in report.skipped]}
@@ -229,6 +241,27 @@ def _cv_choices(cv):
     return layout_choices((rows[r.row_id], r.predicted_step_s) for r in cv.residuals)
 
 
+def _report_effects(report):
+    """Pairs of a report's simulated rows that differ in one kind of setting (validation.effects)."""
+    from partita.validation.effects import one_change_pairs
+    return one_change_pairs((r.row, r.predicted_step_s) for r in report.results
+                            if r.predicted_step_s is not None)
+
+
+def _cv_effects(cv):
+    """The same pairs by the cross-validated predictions (both rows of a pair are of one source,
+    so one fit, which left that source out, predicts them)."""
+    from partita.validation.crossval import dev_rows
+    from partita.validation.effects import one_change_pairs
+    rows = {m.row_id: m for m in dev_rows()}
+    return one_change_pairs((rows[r.row_id], r.predicted_step_s) for r in cv.residuals)
+
+
+def _effects_json(pairs, *, per_pair: bool = True) -> dict:
+    from partita.validation.effects import effects_json
+    return effects_json(pairs, per_pair=per_pair)
+
+
 def _choices_json(choices) -> dict:
     from partita.validation.ranking import summarize_choices
     return summarize_choices(choices).to_json() | {
@@ -237,7 +270,7 @@ def _choices_json(choices) -> dict:
                   "kendall_tau": c.kendall_tau} for c in choices]}
 
 
-def format_cross_validation(cv, choices=()) -> str:
+def format_cross_validation(cv, choices=(), effects=()) -> str:
     """The leave-one-source-out report: per row, per source, then the summary line README quotes."""
     lines = ["partita validate --cross-validate: each source predicted by a fit that left it out",
              "", f"{'id':<11} {'source':<8} {'regime':<22} {'measured s':>10} {'predicted s':>11} "
@@ -254,6 +287,9 @@ def format_cross_validation(cv, choices=()) -> str:
     s = cv.summary()
     if choices:
         lines += ["", *choice_lines(list(choices))]
+    if effects:
+        from partita.validation.effects import effect_lines
+        lines += ["", *effect_lines(list(effects))]
     from partita.simulator.interval import nested_coverage
     lines += ["", loso_line(s),
               nested_coverage_line(*nested_coverage([(r.source_key, r.error) for r in cv.residuals]))]
@@ -282,6 +318,10 @@ def format_report(report, verbose: bool = False) -> str:
     choices = choice_lines(_report_choices(report))
     if choices:
         lines += ["", *choices]
+    effects = _report_effects(report)
+    if effects:
+        from partita.validation.effects import effect_lines
+        lines += ["", *effect_lines(effects, per_pair=verbose)]
     failed = report.failed()
     if failed:
         lines += ["", f"Not simulated ({len(failed)}): the simulator refused the scenario"]

@@ -313,6 +313,18 @@ def test_cli_report_ranks_the_layouts_of_one_job(standin, capsys):
     assert "Layout choice (1 jobs): measured best picked in" in capsys.readouterr().out
 
 
+def test_cli_report_prices_the_effect_of_one_change(standin, capsys):
+    # NAR21-17/-18/-19: GPT 175B PTD-P on 384, 768 and 1,536 GPUs at one batch: three scale pairs.
+    assert main(["validate", "--rows", "NAR21-17,NAR21-18,NAR21-19", "--json"]) == 0
+    effects = json.loads(capsys.readouterr().out)["effects"]
+    assert effects["by_kind"]["scale"]["pairs"] == 3 and len(effects["pairs"]) == 3
+    assert {p["slower"] for p in effects["pairs"]} == {"NAR21-17", "NAR21-18"}
+    assert main(["validate", "--rows", "NAR21-17,NAR21-18,NAR21-19", "--verbose"]) == 0
+    out = capsys.readouterr().out
+    assert "Effects of one change (3 pairs of 1 sources)" in out
+    assert "NAR21-17    / NAR21-19" in out           # --verbose: every pair
+
+
 def test_cli_verbose_and_json(standin, capsys):
     assert main(["validate", "--rows", "NAR21-01,HVD-01", "--verbose"]) == 0
     out = capsys.readouterr().out
@@ -604,11 +616,16 @@ def test_readme_quotes_the_stored_leave_one_source_out_figures():
     from partita.simulator.interval import nested_coverage
     coverage = nested_coverage([(r["source_key"], r["error_pct"] / 100.0) for r in stored["rows"]])
     assert nested_coverage_line(*coverage) in README.read_text()
+    from partita.validation.crossval import dev_rows
+    from partita.validation.effects import effect_line, one_change_pairs, summarize_effects
+    mapped = {m.row_id: m for m in dev_rows()}
+    pairs = one_change_pairs((mapped[r["id"]], r["predicted_step_s"]) for r in stored["rows"])
+    assert effect_line(summarize_effects(pairs)) in README.read_text()
 
 
 def test_readme_quotes_the_frozen_test_figures(tmp_path, monkeypatch):
-    from partita.commands.validate import (_report_choices, coverage_line, frozen_line,
-                                           interval_coverage)
+    from partita.commands.validate import (_frozen_effect_line, _report_choices, coverage_line,
+                                           frozen_line, interval_coverage)
     from partita.validation.frozen import frozen_report
     from partita.planner.catalog import load_catalog
     from partita.validation.frozen import load_frozen_sets
@@ -621,6 +638,7 @@ def test_readme_quotes_the_frozen_test_figures(tmp_path, monkeypatch):
         assert frozen_line(report.summary(), s.name) in text
         assert coverage_line(*interval_coverage(report)) in text
         assert choice_line(summarize_choices(_report_choices(report))) in text
+        assert _frozen_effect_line(report) in text
 
 
 def test_frozen_test_reports_every_set_and_groups_what_it_could_not_simulate(standin, capsys):
@@ -629,6 +647,7 @@ def test_frozen_test_reports_every_set_and_groups_what_it_could_not_simulate(sta
     assert list(sets) == ["bloom-layouts", "unseen-sources"]
     unseen = sets["unseen-sources"]
     assert unseen["summary"]["count"] > 0 and unseen["frozen"] == "2026-11-27"
+    assert "all" in unseen["effects"]["by_kind"] and "pairs" not in unseen["effects"]   # no row
     assert {"INTEVO-01", "AWSTT-02", "TINYL-01"} <= {k["id"] for k in unseen["skipped"]}
     assert main(["validate", "--frozen-test"]) == 0
     out = capsys.readouterr().out
