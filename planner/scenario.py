@@ -465,8 +465,11 @@ def check_plan(s: Scenario, gpus: int, dims: TransformerDims | None = None) -> N
         return PartitaError(where + msg)
 
     if p.gpus != gpus:
+        model = p.tensor * p.pipeline * p.context
+        hint = (f"; for data parallelism over the rest set parallel.data: {gpus // model}"
+                if gpus % model == 0 else "")
         raise fail(f"parallel: tensor*pipeline*context*data = {p.tensor}*{p.pipeline}*{p.context}*"
-                   f"{p.data} = {p.gpus}, but cluster has {gpus} GPUs")
+                   f"{p.data} = {p.gpus}, but cluster has {gpus} GPUs{hint}")
     if p.data % p.shard:
         raise fail(f"parallel.data_shard ({p.data_shard}) must divide parallel.data ({p.data})")
     if t.global_batch % (t.micro_batch * p.data):

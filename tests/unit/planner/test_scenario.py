@@ -89,7 +89,8 @@ def test_round_trip_to_dict():
     ({"parallel__tensor": 0}, "parallel.tensor: must be >= 1, got 0"),
     ({"training__precision": "bf61"}, "training.precision: expected one of"),
     ({"parallel__schedule": "1f1f"}, "did you mean '1f1b'?"),
-    ({"parallel__data": 4}, "= 16, but cluster has 8 GPUs"),
+    ({"parallel__data": 4}, "= 16, but cluster has 8 GPUs; for data parallelism over the rest "
+                            "set parallel.data: 2"),
     ({"training__global_batch": 10}, "global_batch (10) must be divisible by micro_batch*data"),
     ({"parallel__tensor": 8, "parallel__data": 1, "parallel__pipeline": 1, "model__heads": 4,
       "model__hidden": 256}, "model.heads (4) must be divisible by parallel.tensor (8)"),
@@ -133,6 +134,12 @@ def test_bad_documents_name_the_key(changes, message):
         parse_scenario(doc(**changes), origin="f.yaml")
     assert message in str(err.value)
     assert "\n" not in str(err.value)
+
+
+def test_the_gpu_count_error_suggests_data_only_where_it_divides():
+    with pytest.raises(PartitaError) as err:
+        parse_scenario(doc(cluster__gpus=9), origin="f.yaml")
+    assert str(err.value).endswith("but cluster has 9 GPUs")       # 9 is no multiple of 4
 
 
 def test_llama_needs_ffn_hidden():
