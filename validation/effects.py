@@ -20,14 +20,17 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from partita.planner.errors import PartitaError
 from partita.planner.scenario import Scenario
 from partita.validation.rowmap import MappedRow
 from partita.validation.runner import summarize
 
+MAX_PAIRS = 200_000   # more pairs than this is thousands of layouts of one job: refused, not cut
 DECISIVE = 1.03     # measured ratio from which a pair has a faster run (3% is beyond a rerun's spread)
 
 # The settings of each kind of change, as `settings` names them. Order matters: the first kind
@@ -118,20 +121,38 @@ def change_kind(changed: Iterable[str]) -> str | None:
     if not names:
         return None
     for kind, keys in KINDS.items():
-        if all(n in keys or (n.startswith("model.") and "model.*" in keys) for n in names):
+        if all(_in_kind(n, keys) for n in names):
             return kind
     return None
 
 
+def _in_kind(name: str, keys: frozenset[str]) -> bool:
+    return name in keys or (name.startswith("model.") and "model.*" in keys)
+
+
 def one_change_pairs(rows: Iterable[tuple[MappedRow, float]]) -> list[Pair]:
     """Every pair of `rows` ((row, predicted seconds per step)) of one source that differs in one
-    kind of setting, in row order."""
-    rows = [(m, p) for m, p in rows if p is not None and p > 0 and m.measured_step_s > 0]
-    known = [(m, p, settings(m.scenario)) for m, p in rows]
+    kind of setting, in row order.
+
+    Rows are grouped, per kind, by the source and every setting outside that kind, so only rows
+    that can pair are compared (a CSV of many unrelated rows costs its row count, not its square).
+    More than MAX_PAIRS pairs (thousands of layouts of one job) is an error, not a truncation."""
+    known = [(m, p, settings(m.scenario)) for m, p in rows
+             if p is not None and p > 0 and m.measured_step_s > 0]
+    candidates: set[tuple[int, int]] = set()
+    for keys in KINDS.values():
+        groups: dict[tuple, list[int]] = defaultdict(list)
+        for i, (m, _, s) in enumerate(known):
+            rest = tuple(sorted((k, repr(v)) for k, v in s.items() if not _in_kind(k, keys)))
+            groups[(m.source_key, rest)].append(i)
+        for members in groups.values():
+            candidates.update(itertools.combinations(members, 2))
+            if len(candidates) > MAX_PAIRS:
+                raise PartitaError(f"more than {MAX_PAIRS:,} pairs of runs that differ in one kind "
+                                   "of setting: split the CSV by job to price the effects")
     out = []
-    for (ma, pa, sa), (mb, pb, sb) in itertools.combinations(known, 2):
-        if ma.source_key != mb.source_key:
-            continue
+    for i, j in sorted(candidates):
+        (ma, pa, sa), (mb, pb, sb) = known[i], known[j]
         changed = tuple(sorted(k for k in sa.keys() | sb.keys() if sa.get(k) != sb.get(k)))
         kind = change_kind(changed)
         if kind is None:

@@ -100,3 +100,15 @@ def test_lines_and_json_say_what_they_cover():
     assert j["by_kind"]["all"]["pairs"] == 1 and j["pairs"][0]["error_pct"] == pytest.approx(-10.0)
     assert "pairs" not in effects_json(pairs, per_pair=False)
     assert effect_line(summarize_effects([])).endswith("differs in one kind of setting")
+
+
+def test_too_many_pairs_is_an_error_not_a_cut(monkeypatch):
+    from partita.planner.errors import PartitaError
+    from partita.validation import effects
+    monkeypatch.setattr(effects, "MAX_PAIRS", 1)
+    rows = [(row(f"R{mb}", float(mb), training={"micro_batch": mb, "global_batch": 64}), 1.0)
+            for mb in (1, 2, 4)]                       # three layouts of one job: three pairs
+    with pytest.raises(PartitaError, match="more than 1 pairs .* split the CSV by job"):
+        one_change_pairs(rows)
+    monkeypatch.setattr(effects, "MAX_PAIRS", 3)
+    assert {p.kind for p in one_change_pairs(rows)} == {"layout"}
