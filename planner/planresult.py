@@ -118,6 +118,16 @@ def _objective_key(objective: str):
     return {"time": time_key, "cost": cost_key, "memory": memory_key}[objective]
 
 
+def objective_value(c: Candidate, objective: str) -> float | None:
+    """The quantity `objective` ranks by, where a ratio of two plans' values means something:
+    seconds per step (time) or dollars (cost, per run with --tokens, else per step); None for the
+    memory objective or a plan without a price."""
+    if objective not in ("time", "cost"):
+        return None
+    value = _objective_key(objective)(c)[0]
+    return None if value is None or not math.isfinite(value) else value
+
+
 BOUNDS = ("predicted", "slow")     # what --max-cost / --max-days are checked against
 
 

@@ -10,7 +10,12 @@ regression", JASA 113(523), Sec. 2.2; one rank at each end):
     [prediction / (1 + e_(k_hi)),  prediction / (1 + e_(k_lo))]
 
 so that a run from a source the fit has not seen falls inside with probability 1 - alpha when the
-sources err alike (exchangeable). The errors are pooled over every source: intervals drawn from the
+sources err alike (exchangeable).
+
+`ratio_tolerance()` is the same file's word on comparisons: the p90 error of the predicted ratio of
+two measured runs of one source that differ in one kind of setting (`validation.effects`, stored
+beside the residuals by `--write`). An error the two runs share cancels in a ratio, so it is far
+smaller than the interval; a planner's candidates closer than it may measure in either order. The errors are pooled over every source: intervals drawn from the
 errors of the prediction's regime alone (framework, one node or several), the method this one
 replaced, held 79 of the 108 dev rows when each row's own source was left out of the residuals
 too, these 97 (`nested_coverage`, printed by `partita validate --cross-validate`): a regime's
@@ -75,6 +80,33 @@ def step_time_interval(prediction_s: float, path: Path = RESIDUALS_FILE) -> Inte
         return None
     lo, hi = bounds
     return Interval(prediction_s / (1.0 + hi), prediction_s / (1.0 + lo), len(errs))
+
+
+@dataclass(frozen=True)
+class RatioTolerance:
+    p90: float             # of |predicted ratio / measured ratio - 1|, a fraction
+    pairs: int             # the pairs of measured runs it was drawn from
+
+
+def ratio_tolerance(path: Path = RESIDUALS_FILE) -> RatioTolerance | None:
+    """The stored p90 ratio error over every kind of one-setting change, or None where the file or
+    its `effects` entry is absent (a file written before effects were stored)."""
+    if not path.exists():
+        return None
+    return _tolerance(str(path), path.stat().st_mtime_ns)
+
+
+@lru_cache(maxsize=2)
+def _tolerance(path: str, mtime: int) -> RatioTolerance | None:
+    try:
+        doc = json.loads(Path(path).read_text())
+        every = doc.get("effects", {}).get("by_kind", {}).get("all")
+        if every is None or not every.get("pairs"):
+            return None
+        return RatioTolerance(float(every["p90_pct"]) / 100.0, int(every["pairs"]))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise PartitaError(f"{path}: not a cross-validation residuals file ({exc}); rewrite it with "
+                           "`partita validate --cross-validate --write`") from exc
 
 
 def nested_coverage(rows: Sequence[tuple[str, float]], alpha: float = ALPHA) -> tuple[int, int]:

@@ -121,12 +121,17 @@ def inputs_digest() -> str:
     return h.hexdigest()
 
 
-def write_residuals(cv: CrossValidation, path: Path = RESIDUALS_FILE) -> None:
+def write_residuals(cv: CrossValidation, path: Path = RESIDUALS_FILE, *,
+                    effects: dict[str, Any] | None = None) -> None:
+    """crossval.json: the residuals, the folds and, where given, the summary of the effects of one
+    change by the same predictions (`validation.effects`; `simulator.interval.ratio_tolerance`)."""
     doc = {"_what": "leave-one-source-out residuals of the step time (validation.crossval); "
                     "written by `partita validate --cross-validate --write`",
            "_objective": "per fold: mean pseudo-Huber (delta 0.1) of log(predicted/measured) over "
                          "the split's fit rows of the other sources (fitting.step_time)"}
     doc |= cv.to_json()
+    if effects is not None:
+        doc["effects"] = effects
     path.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
 
 

@@ -90,12 +90,18 @@ def run(args: argparse.Namespace) -> int:
                   optimize=args.optimize, executable=args.executable)
     if out is not None:
         _write(out, result.best)
+    from partita.simulator.interval import ratio_tolerance
+    tolerance = ratio_tolerance()
     if args.json:
         doc = result.to_json(top=args.top)
         doc["output"] = str(out) if out is not None else None
+        doc["comparison"] = _comparison_json(result, tolerance)
         print(json.dumps(_finite(doc)))
     else:
         print(format_table(result, args.top))
+        line = comparison_line(result, tolerance, args.top)
+        if line:
+            print(line)
         if out is not None:
             print(f"wrote {out}  (partita simulate {out})")
         else:
@@ -182,6 +188,60 @@ def format_table(result, top: int) -> str:
     if result.tokens:
         lines.append("  (slow: days and dollars at the slow end of the step time's 90% interval)")
     return "\n".join(lines)
+
+
+def within_tolerance(result, tolerance) -> list[int]:
+    """1-based ranks of the usable plans whose ranked quantity (step time, or dollars for
+    --objective cost: `planresult.objective_value`) is within `tolerance`
+    (simulator.interval.RatioTolerance) of the best plan's: plans the simulator cannot tell apart
+    from the best, since measured effects of one change missed their predicted ratio by that much
+    or more one time in ten. Empty for the memory objective, without a tolerance, or without a
+    usable plan."""
+    from partita.planner.planresult import objective_value
+    if tolerance is None or not result.candidates or not result.candidates[0].ok:
+        return []
+    best = objective_value(result.candidates[0], result.objective)
+    if not best:
+        return []
+    out = []
+    for i, c in enumerate(result.candidates, 1):
+        value = objective_value(c, result.objective) if c.ok else None
+        if value is not None and value <= best * (1.0 + tolerance.p90):
+            out.append(i)
+    return out
+
+
+def comparison_line(result, tolerance, top: int) -> str:
+    """The table's footer: which plans the best is not told apart from (`within_tolerance`)."""
+    ranks = within_tolerance(result, tolerance)
+    if len(ranks) < 2:
+        return ""
+    shown = [r for r in ranks if r <= top]
+    more = len(ranks) - len(shown)
+    listed = _ranges(shown) + (f" and {more} more" if more else "")
+    what, best = ("step time", "fastest") if result.objective == "time" else ("cost", "cheapest")
+    return (f"  plans {listed} are within {100 * tolerance.p90:.1f}% of plan 1's {what}, the p90 "
+            f"error of a predicted ratio of two measured runs ({tolerance.pairs} pairs, "
+            f"cross-validated): any of them may measure {best}; time a few steps of the top ones "
+            "before committing")
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[1, 2, 3, 5] -> '1-3, 5'."""
+    parts, start = [], None
+    for i, r in enumerate(ranks):
+        start = r if start is None else start
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            parts.append(f"{start}-{r}" if r > start else f"{r}")
+            start = None
+    return ", ".join(parts)
+
+
+def _comparison_json(result, tolerance) -> dict | None:
+    if tolerance is None:
+        return None
+    return {"ratio_error_p90": tolerance.p90, "pairs": tolerance.pairs,
+            "within_of_best": within_tolerance(result, tolerance)}
 
 
 def _band(c) -> str:

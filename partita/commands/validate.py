@@ -135,9 +135,9 @@ def _cross_validate(args: argparse.Namespace) -> int:
         return 2
     cv = crossval.cross_validate(catalog_from_args(args), split=load_split(args.split),
                                  progress=crossval.stderr_progress)
-    if args.write:
-        crossval.write_residuals(cv)
     choices, effects = _cv_choices(cv), _cv_effects(cv)
+    if args.write:
+        crossval.write_residuals(cv, effects=_effects_json(effects, per_pair=False))
     if args.json:
         from partita.simulator.interval import nested_coverage
         inside, total = nested_coverage([(r.source_key, r.error) for r in cv.residuals])

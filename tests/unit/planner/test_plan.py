@@ -172,9 +172,36 @@ def test_cli_plan_shows_each_plans_interval_and_slow_budget(tmp_path, capsys):
     assert main(["plan", src, "--tokens", "1e9", "--top", "2"]) == 0
     out = capsys.readouterr().out
     assert "90% interval" in out and "$ slow" in out and "slow end of the step time's 90%" in out
+    assert main(["plan", src, "--top", "2", "--json"]) == 0
+    comparison = json.loads(capsys.readouterr().out)["comparison"]
+    assert comparison["pairs"] > 0 and comparison["within_of_best"][0] == 1
     with pytest.raises(SystemExit) as exc:                          # a usage error: one line
         main(["plan", src, "--bound", "fastest"])
     assert exc.value.code == 2 and "invalid choice: 'fastest'" in capsys.readouterr().err
+
+
+def test_plans_within_the_ratio_error_of_the_best_are_named():
+    from partita.commands.plan import comparison_line, within_tolerance
+    from partita.simulator.interval import RatioTolerance
+    r = plan(small(), catalog=CATALOG, evaluate=fake_evaluate)
+    usable = [c for c in r.candidates if c.ok]
+    best = usable[0].step_time_s
+    tol = RatioTolerance(p90=0.10, pairs=52)
+    ranks = within_tolerance(r, tol)
+    expect = [i for i, c in enumerate(r.candidates, 1) if c.ok and c.step_time_s <= 1.1 * best]
+    assert ranks == expect and ranks[0] == 1
+    assert len(ranks) >= 2                   # the fake's plans lie close together
+    line = comparison_line(r, tol, top=2)
+    assert line.startswith("  plans 1-2") and "10.0% of plan 1's step time" in line
+    assert "52 pairs" in line and "measure fastest" in line
+    assert within_tolerance(r, None) == [] and comparison_line(r, None, 5) == ""
+    ties = [i for i, c in enumerate(r.candidates, 1) if c.ok and c.step_time_s <= best]
+    assert within_tolerance(r, RatioTolerance(p90=0.0, pairs=1)) == ties    # the best's equals
+
+
+def test_ranges_compress_consecutive_ranks():
+    from partita.commands.plan import _ranges
+    assert _ranges([1, 2, 3, 5, 7, 8]) == "1-3, 5, 7-8" and _ranges([4]) == "4" and _ranges([]) == ""
 
 
 @pytest.mark.parametrize("doc, kwargs, message", [

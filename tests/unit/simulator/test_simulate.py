@@ -662,6 +662,24 @@ def test_interval_is_split_conformal_by_hand(tmp_path):
     assert conformal_bounds([0.1]) is None
 
 
+def test_ratio_tolerance_is_the_stored_p90_of_the_effects(tmp_path):
+    from partita.planner.errors import PartitaError
+    from partita.simulator.interval import ratio_tolerance
+    path = tmp_path / "cv.json"
+    path.write_text(json.dumps({"rows": [], "effects": {"by_kind": {"all": {"pairs": 52,
+                                                                          "p90_pct": 13.1}}}}))
+    tol = ratio_tolerance(path)
+    assert tol.p90 == pytest.approx(0.131) and tol.pairs == 52
+    path.write_text(json.dumps({"rows": []}))                  # written before effects were stored
+    assert ratio_tolerance(path) is None
+    assert ratio_tolerance(tmp_path / "absent.json") is None
+    path.write_text(json.dumps({"rows": [], "effects": {"by_kind": {"all": {"pairs": "x"}}}}))
+    with pytest.raises(PartitaError, match="not a cross-validation residuals file"):
+        ratio_tolerance(path)
+    shipped = ratio_tolerance()                                # the shipped crossval.json
+    assert shipped is not None and shipped.pairs > 0 and 0 < shipped.p90 < 1
+
+
 def test_nested_coverage_leaves_each_source_out_of_its_own_interval():
     from partita.simulator.interval import nested_coverage
     rows = [("a", -0.05), ("a", 0.0), ("a", 0.05), ("b", -0.04), ("b", 0.01), ("b", 0.06),

@@ -621,6 +621,9 @@ def test_readme_quotes_the_stored_leave_one_source_out_figures():
     mapped = {m.row_id: m for m in dev_rows()}
     pairs = one_change_pairs((mapped[r["id"]], r["predicted_step_s"]) for r in stored["rows"])
     assert effect_line(summarize_effects(pairs)) in README.read_text()
+    stored_all = stored["effects"]["by_kind"]["all"]          # what `partita plan` reads
+    assert stored_all["pairs"] == len(pairs)
+    assert stored_all["p90_pct"] == pytest.approx(summarize_effects(pairs).p90_pct)
 
 
 def test_readme_quotes_the_frozen_test_figures(tmp_path, monkeypatch):
