@@ -10,16 +10,16 @@ regression", JASA 113(523), Sec. 2.2; one rank at each end):
     [prediction / (1 + e_(k_hi)),  prediction / (1 + e_(k_lo))]
 
 so that a run from a source the fit has not seen falls inside with probability 1 - alpha when the
-sources err alike (exchangeable).
-
-`ratio_tolerance()` is the same file's word on comparisons: the p90 error of the predicted ratio of
-two measured runs of one source that differ in one kind of setting (`validation.effects`, stored
-beside the residuals by `--write`). An error the two runs share cancels in a ratio, so it is far
-smaller than the interval; a planner's candidates closer than it may measure in either order. The errors are pooled over every source: intervals drawn from the
+sources err alike (exchangeable). The errors are pooled over every source: intervals drawn from the
 errors of the prediction's regime alone (framework, one node or several), the method this one
 replaced, held 79 of the 108 dev rows when each row's own source was left out of the residuals
 too, these 97 (`nested_coverage`, printed by `partita validate --cross-validate`): a regime's
 errors come from a few sources, and a new source does not err as those few did.
+
+`ratio_tolerance()` is the same file's word on comparisons: the p90 error of the predicted ratio of
+two measured runs of one source that differ in one kind of setting (`validation.effects`, stored
+beside the residuals by `--write`). An error the two runs share cancels in a ratio, so it is far
+smaller than the interval; a planner's candidates closer than it may measure in either order.
 """
 from __future__ import annotations
 
@@ -46,11 +46,16 @@ class Interval:
 
 
 @lru_cache(maxsize=2)
-def _errors(path: str, mtime: int) -> tuple[float, ...]:
+def _read(path: str, mtime: int) -> tuple[tuple[float, ...], RatioTolerance | None]:
+    """The file's errors and its ratio tolerance, read once per version of the file."""
     try:
         doc = json.loads(Path(path).read_text())
-        return tuple(float(r["error_pct"]) / 100.0 for r in doc["rows"])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+        errors = tuple(float(r["error_pct"]) / 100.0 for r in doc["rows"])
+        every = doc.get("effects", {}).get("by_kind", {}).get("all")
+        tolerance = (RatioTolerance(float(every["p90_pct"]) / 100.0, int(every["pairs"]))
+                     if every is not None and every.get("pairs") else None)
+        return errors, tolerance
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise PartitaError(f"{path}: not a cross-validation residuals file ({exc}); rewrite it with "
                            "`partita validate --cross-validate --write`") from exc
 
@@ -59,7 +64,7 @@ def residuals(path: Path = RESIDUALS_FILE) -> tuple[float, ...] | None:
     """The cross-validated errors, or None where no residuals file has been written."""
     if not path.exists():
         return None
-    return _errors(str(path), path.stat().st_mtime_ns)
+    return _read(str(path), path.stat().st_mtime_ns)[0]
 
 
 def conformal_bounds(errors: Sequence[float], alpha: float = ALPHA) -> tuple[float, float] | None:
@@ -93,20 +98,7 @@ def ratio_tolerance(path: Path = RESIDUALS_FILE) -> RatioTolerance | None:
     its `effects` entry is absent (a file written before effects were stored)."""
     if not path.exists():
         return None
-    return _tolerance(str(path), path.stat().st_mtime_ns)
-
-
-@lru_cache(maxsize=2)
-def _tolerance(path: str, mtime: int) -> RatioTolerance | None:
-    try:
-        doc = json.loads(Path(path).read_text())
-        every = doc.get("effects", {}).get("by_kind", {}).get("all")
-        if every is None or not every.get("pairs"):
-            return None
-        return RatioTolerance(float(every["p90_pct"]) / 100.0, int(every["pairs"]))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise PartitaError(f"{path}: not a cross-validation residuals file ({exc}); rewrite it with "
-                           "`partita validate --cross-validate --write`") from exc
+    return _read(str(path), path.stat().st_mtime_ns)[1]
 
 
 def nested_coverage(rows: Sequence[tuple[str, float]], alpha: float = ALPHA) -> tuple[int, int]:
