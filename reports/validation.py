@@ -303,16 +303,16 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None,
             TableItem(name="rows", title="Every simulated row", frame=frame, formats=fmt),
             TableItem(name="skipped", title="Rows not compared, with the reason",
                       frame=skipped)))]
-    from partita.validation.effects import one_change_pairs
+    from partita.validation.effects import KIND_TEXT, KINDS, one_change_pairs
     pairs = one_change_pairs((r.row, r.predicted_step_s) for r in report.results
                              if r.predicted_step_s is not None)
     if pairs:
         sections.insert(3, Section(
             heading="Effects of one change",
-            text=("Two runs of one source that differ in one kind of setting (the GPU count, the "
-                  "parallel layout at the same GPUs, recompute, precision, the model, the system): "
-                  "how well is the ratio of their step times predicted? A planner choosing between "
-                  "candidates needs this ratio, and an error common to both runs cancels in it.",),
+            text=("Two runs of one source that differ in one kind of setting ("
+                  + "; ".join(KIND_TEXT[k] for k in KINDS) + "): how well is the ratio of their "
+                  "step times predicted? A planner choosing between candidates needs this ratio, and "
+                  "an error common to both runs cancels in it.",),
             figures=(FigureItem(name="validate_effects", title="Effects of one change",
                                 png=effects_figure(pairs)),),
             tables=(TableItem(name="effects", title="Ratio error by kind of change (%)",

@@ -2,8 +2,9 @@
 
 A planner compares candidates: more GPUs or fewer, another parallel layout, recompute or not. What
 it needs is the *ratio* of two step times, which can be right where each time is off by the same
-factor. Two measured rows of one source that differ in one kind of setting (`KINDS`) are such a
-comparison, measured. For every pair the slower run is `a` and the faster `b`; the measured ratio
+factor. Two measured rows of one source that differ in one kind of setting (`KINDS`: parallel
+layout, recompute, precision, kernels, model, system, GPU count) are such a comparison, measured.
+For every pair the slower run is `a` and the faster `b`; the measured ratio
 is a / b (>= 1), the predicted ratio pred(a) / pred(b), and the pair's error the predicted ratio over
 the measured one, minus one (0: the effect predicted exactly; < 0: the change predicted to matter
 less than it did). A pair whose measured ratio is at least `DECISIVE` apart also asks the planner's
@@ -45,6 +46,9 @@ KINDS: dict[str, frozenset[str]] = {
     "recompute": frozenset({"training.recompute", "training.recompute_num_layers",
                             "training.micro_batch"}),
     "precision": frozenset({"training.precision", "training.micro_batch"}),
+    "kernels": frozenset({"training.attention", "training.attention_softmax_fp32",
+                          "training.fused_elementwise", "training.fused_cross_entropy",
+                          "training.norm_kernel", "training.rope_kernel", "training.micro_batch"}),
     "model": frozenset({"model.*", "training.micro_batch"}),
     "system": frozenset({"cluster.system", "cluster.inter_node_gbps", "cluster.intra_node_gbps",
                          "cluster.gpus_per_node"}),
@@ -53,6 +57,7 @@ KINDS: dict[str, frozenset[str]] = {
 }
 KIND_TEXT = {"layout": "parallel layout or micro-batch, same GPUs",
              "recompute": "activation recompute", "precision": "precision",
+             "kernels": "attention kernel or fused operators",
              "model": "model size or shape", "system": "GPU system or network",
              "scale": "GPU count (data parallelism)"}
 

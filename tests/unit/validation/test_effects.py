@@ -36,7 +36,10 @@ def test_each_kind_of_change_is_named_by_the_settings_it_covers():
     assert change_kind({"model.hidden", "model.layers", "training.micro_batch"}) == "model"
     assert change_kind({"cluster.system"}) == "system"
     assert change_kind({"model.hidden", "cluster.gpus"}) is None      # two kinds at once
-    assert change_kind({"training.attention"}) is None                # in no kind
+    assert change_kind({"training.attention", "training.micro_batch"}) == "kernels"
+    assert change_kind({"training.fused_cross_entropy", "training.norm_kernel"}) == "kernels"
+    assert change_kind({"training.attention", "model.seq_len"}) is None  # two kinds at once
+    assert change_kind({"training.optimizer"}) is None                # in no kind
     assert change_kind(()) is None
 
 

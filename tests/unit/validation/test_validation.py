@@ -63,9 +63,20 @@ def standin(monkeypatch):
 
 def test_shipped_csv_has_the_published_rows_and_columns():
     rows = read_rows()
-    assert len(rows) == 221
+    assert len(rows) == 233
     assert set(rows[0]) == set(COLUMNS) - {"peak_memory_GiB"}    # the optional column is absent
     assert all(r["source"] and r["locator"] for r in rows)     # provenance kept
+
+
+def test_flash_attention_2_table_rows_run_the_kernel_of_their_column(mapped):
+    """Dao 2023 Table 1: one model, context and batch, two attention kernels (FAPILE-10 / -11)."""
+    fa1, fa2 = mapped["FAPILE-10"], mapped["FAPILE-11"]
+    assert (fa1.scenario.training.attention, fa2.scenario.training.attention) == ("flash1", "flash2")
+    assert fa1.source_key == fa2.source_key == "FAPILE"         # one source with the README's rows
+    assert fa1.document["model"] == fa2.document["model"] and fa1.document["model"]["seq_len"] == 8192
+    assert fa1.scenario.training.micro_batch == 4 and fa1.scenario.training.global_batch == 128
+    # 170 and 220 TFLOP/s per GPU of the same FLOPs: the steps stand in the inverse ratio
+    assert fa1.measured_step_s / fa2.measured_step_s == pytest.approx(220 / 170)
 
 
 def test_reserved_source_rows_are_excluded(mapped):
@@ -97,6 +108,9 @@ def test_most_gpu_transformer_rows_map(mapped):
     ("FMSFSDP-09", "excluded"),       # HSDP under torch.compile
     ("FMSFSDP-13", "excluded"),       # torch.compile
     ("TRAINY-01", "excluded"),        # float8
+    ("FAPILE-06", "excluded"),        # FlashAttention-2 paper's baseline: its attention not stated
+    ("FAPILE-07", "excluded"),        # the README's own FlashAttention run, counted once
+    ("FAPILE-16", "excluded"),        # the configs' 8k 2.7B run does not fit in 80 GB
 ])
 def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     skipped = mapped[row_id]
