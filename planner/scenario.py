@@ -119,7 +119,7 @@ class ParallelSpec:
     virtual_stages: int = 1
     zero: int = 0
     overlap_grad_reduce: bool = True
-    overlap_param_gather: bool = True                   # ZeRO-1/2 gather behind the next forward;
+    overlap_param_gather: bool = True                   # ZeRO-1/2 gather beside the first forward;
                                                         # ZeRO-3 gathers prefetched behind compute
     tp_comm_overlap: bool = False                       # TP collectives hidden behind GEMMs (TE userbuffers)
     grad_reduce: str = "auto"

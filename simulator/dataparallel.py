@@ -7,8 +7,12 @@ other; only the last bucket of the rank's last chunk cannot overlap at all. Algo
 - zero 0: all-reduce of the gradients (fp16 as they are, fp32 for bf16, or the scenario's
   `grad_reduce_dtype`: `reduce_bytes`) (ring, tree, hierarchical or parameter server).
 - zero 1 / 2 (Megatron distributed optimizer, DeepSpeed ZeRO-1/2): reduce-scatter of gradients,
-  then after the update an all-gather of the 16-bit parameters, hidden behind the next step's
-  forward when `overlap_param_gather` (Megatron-Core `--overlap-param-gather`).
+  then after the update an all-gather of the 16-bit parameters. With `overlap_param_gather`
+  (Megatron-Core `--overlap-param-gather`) it runs beside the next step's first micro-batch
+  forward, bucket by bucket: the forward pre-hook of a bucket's first layer waits for that bucket
+  and dispatches the next (megatron/core/distributed/distributed_data_parallel.py
+  `_make_forward_pre_hook`, param_and_grad_buffer.py `finish_param_sync`), so the first bucket's
+  gather is exposed, the rest hide behind that one forward, and what does not fit in it waits.
 - zero 3: reduced per block inside the backward (see stagecosts); nothing left at the end.
 With hybrid sharding (`parallel.data_shard`) ZeRO's collectives run within the shard group and the
 gradient shard is then all-reduced across the replicas (FSDP HYBRID_SHARD, `_reduce_grad`: a
@@ -85,8 +89,9 @@ def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[f
     parameters of each model chunk on one TP rank.
 
     Overlapped collectives slow the kernels beside them: `env.oh.contention(comm_s)` delays the
-    backward a bucketed reduction runs beside, and the next step's first forward beside the
-    overlapped ZeRO-1/2 parameter all-gather."""
+    backward a bucketed reduction runs beside, and the next step's first micro-batch forward beside
+    the overlapped ZeRO-1/2 parameter all-gather; the part of that gather the forward cannot hide
+    (its first bucket, and whatever outlasts the forward) adds to the step."""
     p = env.ctx.parallel
     contention = env.oh.contention
     reductions: dict[float, float] = {}       # by parameter count: most chunks hold the same
@@ -115,9 +120,12 @@ def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[f
                 lane = start + t_red
             if trace:
                 spans.append(Span(r, "dp", f"{c}REDUCE_GRAD", start, lane, "comm"))
-        gather = param_gather_time(env, sum(params[c] for c in chunks))
-        if p.overlap_param_gather:
-            delay, gather = delay + contention(gather), 0.0
+        rank_params = sum(params[c] for c in chunks)
+        gather = param_gather_time(env, rank_params)
+        if p.overlap_param_gather and gather > 0:
+            first = gather * min(1.0, BUCKET_PARAMS / max(rank_params, 1.0))
+            beside = min(gather - first, sum(costs.forward_s[c] for c in chunks))
+            delay, gather = delay + contention(beside), gather - beside
         ends.append(max(rank_ends[r] + delay, lane) + gather)
     return ends, spans
 

@@ -362,6 +362,43 @@ def test_overlap_slowdown_slows_steps_with_hidden_collectives(doc):
     assert times[0] < times[1] < times[2]
 
 
+@pytest.mark.parametrize("inter_node_gbps, micro_batch", [(2.0, 1), (400.0, 32)])
+def test_overlapped_parameter_gather_hides_behind_the_first_micro_batch_forward(inter_node_gbps,
+                                                                                micro_batch):
+    """Megatron-Core's --overlap-param-gather: each bucket's all-gather is waited on in the forward
+    pre-hook of its first layer and the next one dispatched, so the gather runs beside the step's
+    first micro-batch forward only; the first bucket's, and what outlasts that forward, is exposed."""
+    from partita.simulator.calibration import load_calibration
+    from partita.simulator.context import resolve
+    from partita.simulator.dataparallel import BUCKET_PARAMS, param_gather_time
+    from partita.simulator.modelcosts import model_costs
+    from partita.simulator.network import build_topology
+    from partita.simulator.overheads import Overheads
+    from partita.simulator.stepenv import StepEnv
+    catalog = load_catalog()
+    doc = small(tensor=1, pipeline=1, data=16, zero=1)
+    doc["cluster"]["inter_node_gbps"] = inter_node_gbps
+    doc["training"].update(global_batch=128 * micro_batch, micro_batch=micro_batch)   # 8 per step
+    doc["parallel"]["overlap_grad_reduce"] = False
+    runs = {}
+    for overlap in (True, False):
+        doc["parallel"]["overlap_param_gather"] = overlap
+        runs[overlap] = simulate(parse_scenario(doc), catalog, overheads=Overheads(), trace=True)
+    saved = runs[False].step_time_s - runs[True].step_time_s
+    forward = max(s.end_s - s.start_s for s in runs[True].spans if s.cat == "forward")
+    ctx = resolve(parse_scenario(doc), catalog)
+    cal = load_calibration()
+    env = StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal, oh=Overheads())
+    params = sum(model_costs(ctx).chunk_parameters(ctx))
+    gather = param_gather_time(env, params)
+    hideable = gather * (1 - min(1.0, BUCKET_PARAMS / params))   # all but the first bucket's
+    assert saved == pytest.approx(min(hideable, forward), rel=0.02)
+    if inter_node_gbps == 2.0:                            # a slow network: the forward is too short
+        assert gather > 10 * forward and saved == pytest.approx(forward, rel=0.02)
+    else:                                                 # a fast one: all but the first bucket hides
+        assert hideable < forward
+
+
 def test_overlap_slowdown_leaves_steps_without_collectives_alone():
     from partita.simulator.overheads import Overheads
     catalog = load_catalog()
