@@ -4,12 +4,11 @@ A planner compares candidates: more GPUs or fewer, another parallel layout, reco
 it needs is the *ratio* of two step times, which can be right where each time is off by the same
 factor. Two measured rows of one source that differ in one kind of setting (`KINDS`: parallel
 layout, recompute, precision, kernels, model, system, GPU count) are such a comparison, measured.
-For every pair the slower run is `a` and the faster `b`; the measured ratio
-is a / b (>= 1), the predicted ratio pred(a) / pred(b), and the pair's error the predicted ratio over
-the measured one, minus one (0: the effect predicted exactly; < 0: the change predicted to matter
-less than it did). A pair whose measured ratio is at least `DECISIVE` apart also asks the planner's
-question, which of the two runs is faster; `order_right` counts the pairs where the prediction names
-the same one.
+For every pair the slower run is `a` and the faster `b`; the measured ratio is a / b (>= 1), the
+predicted ratio pred(a) / pred(b), and the pair's error the predicted ratio over the measured one,
+minus one (0: the effect predicted exactly; < 0: the change predicted to matter less than it did). A
+pair whose measured ratio is at least `DECISIVE` apart also asks the planner's question, which of
+the two runs is faster; `order_right` counts the pairs where the prediction names the same one.
 
 Only pairs of one source count (`source_key`): a source's measurement convention and unstated
 settings are shared by its rows and cancel in the ratio, as they do for a user's own candidates.

@@ -4,10 +4,10 @@ The planner's use of a prediction is a choice among layouts of one job, where an
 every layout cancels and only the relative errors count. A *job* is one training task measured in
 several ways: rows with the same model document, system, GPU count, global batch and precision
 (`job_key`); its *layouts* are whatever differs (parallel degrees, micro-batch, schedule, recompute,
-framework, attention kernel). For every job with two or more simulated layouts, partita's pick is the layout it
-predicts fastest; the pick's *regret* is its measured step time over the measured best, minus one
-(0 when partita picked the measured best). Kendall's tau between the predicted and the measured
-order says how well the whole order is kept (1: the same order).
+framework, attention kernel). For every job with two or more simulated layouts, partita's pick is
+the layout it predicts fastest; the pick's *regret* is its measured step time over the measured
+best, minus one (0 when partita picked the measured best). Kendall's tau between the predicted and
+the measured order says how well the whole order is kept (1: the same order).
 """
 from __future__ import annotations
 
