@@ -42,6 +42,8 @@ def main() -> int:
     errs = pred.errors(rows, result.overheads)
     for group in ("fit", "holdout"):
         s = summarize([e for rid, e in errs.items() if (rid in split.fit) == (group == "fit")])
+        if not s.count:
+            continue
         print(f"  {group:8s} rows {s.count:3d}  median {s.median_pct:5.1f}%  p90 {s.p90_pct:5.1f}%"
               f"  max {s.max_pct:5.1f}%  bias {s.bias_pct:+5.1f}%")
     if args.write:

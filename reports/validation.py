@@ -20,6 +20,9 @@ from partita.reports.figures import SERIES, new_figure, png_bytes
 from partita.reports.html import FigureItem, Report, Section, TableItem
 
 GROUP_NAMES = {"fit": "fit (calibrated on)", "holdout": "held back"}
+SCATTER_HEADINGS = {("fit", "holdout"): "Fit and held back, side by side",
+                    ("fit",): "Predicted against published (every row a fit row)",
+                    ("holdout",): "Predicted against published (every row held back)"}
 WORST = 10
 ROW_COLUMNS = ("id", "source", "model", "gpus", "system", "group", "measured_step_s",
                "predicted_step_s", "error_pct", "measured_peak_memory_gib",
@@ -53,17 +56,24 @@ def summary_table(report, memory: bool = False) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _present(frame: pd.DataFrame) -> list[tuple[str, str]]:
+    """The groups (fit, held back) with rows in `frame`, one panel each; fit alone when none has."""
+    groups = [(g, label) for g, label in GROUP_NAMES.items() if (frame["group"] == g).any()]
+    return groups or list(GROUP_NAMES.items())[:1]
+
+
 def _scatter(frame: pd.DataFrame) -> bytes:
     """Top row: predicted vs published (log-log, the bands as wedges); bottom row: the same rows'
     signed error against published step time, where the 5% and 10% bands are readable."""
     ok = frame[frame["predicted_step_s"].notna()]
-    fig = new_figure(11.0, 8.6)
-    axes = fig.subplots(2, 2, sharex=True)
+    groups = _present(ok)
+    fig = new_figure(5.5 * len(groups), 8.6)
+    axes = fig.subplots(2, len(groups), sharex=True, squeeze=False)
     lo = min(ok["measured_step_s"].min(), ok["predicted_step_s"].min()) * 0.7
     hi = max(ok["measured_step_s"].max(), ok["predicted_step_s"].max()) * 1.4
     xs = [lo, hi]
     span = max(12.0, float(ok["error_pct"].abs().max()) * 1.1)
-    for col, ((group, label), colour) in enumerate(zip(GROUP_NAMES.items(), SERIES)):
+    for col, ((group, label), colour) in enumerate(zip(groups, SERIES)):
         part = ok[ok["group"] == group]
         top, bottom = axes[0][col], axes[1][col]
         for band, shade in ((10, "#E8E8E8"), (5, "#C8C8C8")):
@@ -96,12 +106,13 @@ def _scatter(frame: pd.DataFrame) -> bytes:
 def _memory_figure(frame: pd.DataFrame) -> bytes:
     """Predicted against published peak memory per GPU, fit beside held back, with the bands."""
     ok = frame[frame["memory_error_pct"].notna()]
-    fig = new_figure(11.0, 4.6)
-    axes = fig.subplots(1, 2, sharex=True, sharey=True)
+    groups = _present(ok)
+    fig = new_figure(5.5 * len(groups), 4.6)
+    axes = fig.subplots(1, len(groups), sharex=True, sharey=True, squeeze=False)[0]
     lo = 0.0
     hi = max(ok["measured_peak_memory_gib"].max(), ok["predicted_peak_memory_gib"].max()) * 1.1
     xs = [lo, hi]
-    for ax, (group, label), colour in zip(axes, GROUP_NAMES.items(), SERIES):
+    for ax, (group, label), colour in zip(axes, groups, SERIES):
         part = ok[ok["group"] == group]
         for band, shade in ((10, "#E8E8E8"), (5, "#C8C8C8")):
             ax.fill_between(xs, [x * (1 - band / 100) for x in xs],
@@ -291,7 +302,7 @@ def validation_report(report, *, progress: Callable[[str], None] | None = None,
     sections = [
         Section(heading="Summary", text=text, tables=(TableItem(
             name="summary", title="Absolute error (%)", frame=summary, formats=sfmt),)),
-        Section(heading="Fit and held back, side by side", figures=(FigureItem(
+        Section(heading=SCATTER_HEADINGS[tuple(g for g, _ in _present(ok))], figures=(FigureItem(
             name="validate_scatter", title="Predicted vs published", png=_scatter(frame)),)
             if drawn else (), text=() if drawn else ("No row was simulated.",)),
         Section(heading="Error by source", figures=(FigureItem(
