@@ -13,13 +13,19 @@ For each fitted number this prints the sources whose rows depend on it, and the 
 implies alone: the same optimiser and objective (`partita.fitting.step_time.fit`) on that source's
 rows only (the numbers those rows inform are fitted together, e.g. NAR21's A100 fraction with its
 ZeRO-3 fraction; the numbers they do not inform do not matter to them). It prints the spread of the
-implied values (largest over smallest) and flags numbers one source identifies alone. The README
+implied values (largest over smallest) and flags numbers one source identifies alone.
+
+Where a fraction's mechanism was measured on the device (a back-to-back 8192^3 bf16 matmul held for
+20 s at the board's power cap, `benchmarks/bench_gpu_kernels.py`, `first.sustained` of
+data/validation/gpu/h200_kernels.json), it prints that rate against the curve's plateau beside the
+fitted number: what the fit holds beyond the power cap is work the model does not price. The README
 quotes the result ("How good the predictions are").
 """
 from __future__ import annotations
 
+import json
+import statistics
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -28,11 +34,28 @@ from partita.fitting.step_time import (  # noqa: E402
     SUSTAINED, Predictor, fit, fitted_families, overheads_from, params,
 )
 from partita.planner.catalog import load_catalog  # noqa: E402
+from partita.planner.paths import VALIDATION_DIR  # noqa: E402
+from partita.simulator.calibration import load_calibration  # noqa: E402
 from partita.simulator.overheads import load_overheads  # noqa: E402
 from partita.validation.crossval import dev_rows  # noqa: E402
 from partita.validation.runner import load_split  # noqa: E402
 
 ZERO3 = "zero3_collective_fraction.deepspeed"
+# Device runs with a sustained-matmul record, and the catalog GPU each ran on.
+SUSTAINED_RUNS = ((VALIDATION_DIR / "gpu" / "h200_kernels.json", "h200-141gb"),)
+WARM_S = 0.1        # the first samples run at boost clock, before the power cap bites
+
+
+def measured_sustained(path: Path, gpu_name: str, catalog) -> tuple[float, float, float]:
+    """(median sustained TFLOP/s after the first WARM_S, the catalog's bf16 plateau in TFLOP/s,
+    their ratio) of one device run's back-to-back matmul."""
+    samples = json.loads(path.read_text())["first"]["sustained"]
+    rate = statistics.median(x["tflops"] for x in samples if x["t_s"] > WARM_S)
+    gpu = catalog.gpu(gpu_name)
+    g = load_calibration().gpu(gpu_name)
+    plateau = g.matmul_efficiency("bf16", 1.0, gpu.peak_is_measured("bf16")) * gpu.peak("bf16")
+    plateau /= 1e12
+    return rate, plateau, rate / plateau
 
 
 def informs(m, family: str | None) -> set[str]:
@@ -86,6 +109,13 @@ def main() -> int:
             print(f"{'':42s} {len(implied)} sources, implied {lo:.3f}-{hi:.3f} "
                   f"(largest / smallest {hi / lo:.2f})")
         print()
+    for path, gpu_name in SUSTAINED_RUNS:
+        rate, plateau, ratio = measured_sustained(path, gpu_name, catalog)
+        family = catalog.gpu(gpu_name).family
+        n = alias.get(f"{SUSTAINED}.{family}", f"{SUSTAINED}.{family}")
+        print(f"measured ({path.name}, {gpu_name}): a bf16 8192^3 matmul held back to back runs "
+              f"{rate:.1f} TFLOP/s at the power cap (median after {WARM_S} s), {ratio:.3f} of the "
+              f"curve's plateau ({plateau:.1f}); fitted {n.split('.', 1)[1]} {full.values[n]:.3f}")
     return 0
 
 
