@@ -1,7 +1,9 @@
 """Host seconds PyTorch eager spends per kernel-launching operator (dispatch, autograd recording,
 Python, module calls, the view and layout ops around it), measured on this machine's CPU with
-tensors so small that the kernels themselves are negligible: the host-side cost
-data/calibration/host.yaml quotes for GPU systems beside the published launch latency.
+tensors so small that the kernels themselves are negligible: what `partita calibrate` measures for
+`local` (executor/hostbench.py). GPU systems take the same block's cost measured on a GPU machine's
+host, where CUDA's own host work adds to it (benchmarks/gpu_prediction.py --host,
+data/calibration/host.yaml).
 
     python benchmarks/bench_host_dispatch.py
 
@@ -13,8 +15,8 @@ Prints, in microseconds:
   and its backward, through a stack of blocks so that the autograd engine's start is shared. The
   block's host time is divided by the operators in it that launch a kernel on a GPU (aten ops
   counted with a dispatch mode; views, transposes, detach and other metadata-only ops excluded):
-  what the simulator charges per kernel (`op_dispatch_us`, `backward_op_dispatch_us`), measured by
-  executor/hostbench.py, which `partita calibrate` runs for this machine's `local` too;
+  what the simulator charges per kernel (`op_dispatch_us`, `backward_op_dispatch_us`) on this
+  machine's `local`, measured by executor/hostbench.py, which `partita calibrate` runs;
 - per parameter tensor of an Adam and an SGD step (the same module).
 Timed in the process's own CPU time (time.process_time), single-threaded, so that other load on
 the machine does not count.
@@ -55,7 +57,7 @@ def main() -> None:
     print(f"GPT block: {b.forward_kernels:.0f} forward kernels, {b.backward_kernels:.0f} backward "
           "kernels per block")
     print(f"GPT block: forward {b.forward_per_kernel_s * 1e6:.1f} us per kernel, backward "
-          f"{b.backward_per_kernel_s * 1e6:.1f} us per kernel (op_dispatch_us, backward_op_dispatch_us)")
+          f"{b.backward_per_kernel_s * 1e6:.1f} us per kernel (local's op_dispatch_us, backward_op_dispatch_us)")
     for name in ("adam", "sgd"):
         print(f"optimizer {name}: {optimizer_step_per_tensor(name) * 1e6:.1f} us per parameter tensor "
               "(single-tensor loop, as torch runs it on CPU tensors)")

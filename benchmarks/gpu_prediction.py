@@ -1,6 +1,7 @@
 """The simulator's block times against blocks measured on a GPU by bench_gpu_kernels.py.
 
     python benchmarks/gpu_prediction.py [GPU.json] [--run first|second] [--system hgx-h200]
+    python benchmarks/gpu_prediction.py --host       # host seconds per kernel on the device
 
 GPU.json is what bench_gpu_kernels.py wrote, or the stored H200 measurement
 (data/validation/gpu/h200_kernels.json, the default; `--run` picks one of its two runs).
@@ -12,6 +13,9 @@ fractions, host dispatch where it is exposed) next to the measured ones, and the
 kernel class (GEMM, attention, other) next to the simulator's parts. Ratios are predicted /
 measured. The measured blocks ran a few hundred milliseconds each: short enough that the GPU's
 clock had not settled to its sustained level (see the `sustained` part of the JSON).
+
+`--host` prints what the device's host spends per kernel of partita's GPT block (`host_per_kernel`),
+over every run in the file: the numbers data/calibration/host.yaml takes for GPU systems.
 """
 from __future__ import annotations
 
@@ -37,6 +41,35 @@ from partita.simulator.stepenv import StepEnv
 
 
 STORED = VALIDATION_DIR / "gpu" / "h200_kernels.json"
+RUNS = ("first", "second")
+# A block's backward is host-bound where it measures at least this many times the device time of
+# its backward kernels (two thirds of the profiled forward + backward kernel time).
+HOST_BOUND = 2.0
+
+
+def host_per_kernel(data: dict, forward_kernels: float, backward_kernels: float
+                    ) -> tuple[float, float, int, int]:
+    """(forward, backward) host seconds per kernel of partita's GPT block on the device that
+    measured `data` (bench_gpu_kernels.py's JSON, one run or the stored file's runs), launches
+    included, and how many blocks each median is over.
+
+    Forward: the median over the `gpt` blocks of `host_fwd_s_per_block` (the host's time to issue
+    a forward with the GPU idle, so no launch waits on a full queue) over the block's forward
+    kernels. Backward: the median over the `gpt` blocks whose backward the host bounds (measured
+    at least HOST_BOUND times its kernels' device time) of the backward's time over its kernels.
+    `forward_kernels`, `backward_kernels`: the block's kernel-launching ops
+    (executor.hostbench.block_host counts them on the same module)."""
+    runs = [data[r] for r in RUNS if r in data] or [data]
+    rows = [row for run in runs for row in run.get("blocks", []) if row["arch"] == "gpt"]
+    fwd = [row["host_fwd_s_per_block"] / forward_kernels for row in rows]
+    bwd = []
+    for row in rows:
+        device = sum(row.get("by_class_s_per_block", {}).get("classes", {}).values())
+        if device > 0 and row["bwd_s_per_block"] >= HOST_BOUND * device * 2 / 3:
+            bwd.append(row["bwd_s_per_block"] / backward_kernels)
+    if not fwd or not bwd:
+        raise PartitaError("no gpt block in the file says what the host costs per kernel")
+    return statistics.median(fwd), statistics.median(bwd), len(fwd), len(bwd)
 
 
 def predicted(row: dict, system: str, attention: str, framework: str, eager: bool) -> tuple:
@@ -46,7 +79,10 @@ def predicted(row: dict, system: str, attention: str, framework: str, eager: boo
            "cluster": {"system": system, "gpus": 1},
            "training": {"global_batch": row["micro_batch"], "micro_batch": row["micro_batch"],
                         "precision": "bf16", "attention": attention, "framework": framework,
-                        "fused_elementwise": False} | (
+                        # partita's GPT block adds each bias in its matmul (addmm) and has no
+                        # dropout: the fused block's kernels (12, as executor.hostbench counts
+                        # them) and bytes; its Llama block runs SiLU and the multiply apart.
+                        "fused_elementwise": row["arch"] == "gpt"} | (
                             {"norm_kernel": "eager", "rope_kernel": "rotate-half"}
                             if row["arch"] == "llama" and eager else {}),
            "parallel": {"pipeline": 1}}
@@ -57,7 +93,8 @@ def predicted(row: dict, system: str, attention: str, framework: str, eager: boo
     cost = block_cost(env, decoder=False)
     t = ctx.training
     lt = layer_times(ctx.dims, t.micro_batch, 1, False, 1, "bf16", "none", ctx.system.gpu, cal,
-                     attention=t.attention, fused_elementwise=False, norm_kernel=t.norm_kernel,
+                     attention=t.attention, fused_elementwise=t.fused_elementwise,
+                     norm_kernel=t.norm_kernel,
                      rope_kernel=t.rope_kernel)
     return cost, lt
 
@@ -74,8 +111,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--fused", action="store_true",
                     help="price the Llama blocks' RMSNorm and RoPE as fused kernels (partita's torch "
                          "Llama runs them as PyTorch ops: training.norm_kernel/rope_kernel eager)")
+    ap.add_argument("--host", action="store_true",
+                    help="print the host's seconds per kernel of partita's GPT block on the device")
     args = ap.parse_args(argv)
     data = json.loads(Path(args.json).read_text())
+    if args.host:
+        from partita.executor.hostbench import block_host
+        counts = block_host(calls=1, repeats=1)
+        f, b, nf, nb = host_per_kernel(data, counts.forward_kernels, counts.backward_kernels)
+        launch = load_host_costs().launch_s
+        print(f"{data.get('gpu') or data.get('device')}, torch {data['torch']}: partita's GPT block, "
+              f"{counts.forward_kernels:.0f} forward and {counts.backward_kernels:.0f} backward kernels")
+        print(f"forward: {f * 1e6:.1f} us per kernel (median of {nf} blocks' host time of a forward); "
+              f"less the launch ({launch * 1e6:.1f} us): op_dispatch_us {(f - launch) * 1e6:.1f}")
+        print(f"backward: {b * 1e6:.1f} us per kernel (median of {nb} host-bound backwards); less the "
+              f"launch: backward_op_dispatch_us {(b - launch) * 1e6:.1f}")
+        return 0
     if "blocks" not in data:                       # the stored file holds two runs
         data = {**data, **data[args.run]}
     print(f"{data.get('gpu') or data.get('device')}, torch {data['torch']}: simulator on {args.system}, "

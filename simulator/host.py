@@ -3,7 +3,8 @@
 Every kernel-launching PyTorch operator costs the host `op_dispatch_s` in the forward (Python,
 module calls, dispatcher, autograd recording, the view and layout ops around it) and
 `backward_op_dispatch_s` in the backward (the autograd engine's node), both measured per kernel on
-a whole transformer block (benchmarks/bench_host_dispatch.py), and each kernel a launch
+a whole transformer block on a GPU machine's host (benchmarks/gpu_prediction.py --host; on `local`,
+`partita calibrate` measures this machine's), and each kernel a launch
 (`launch_s`) before the GPU can run it (data/calibration/host.yaml). Launches
 are asynchronous, so the host runs ahead while the GPU works: a block pass costs
 max(device, host) and the host is exposed only where it is the bottleneck (small models, small
@@ -97,10 +98,12 @@ class HostCosts:
         return b + self.launch_s
 
     def exposed(self, device_s: float, kernels: float, blocking: bool,
-                backward_kernels: float = 0.0) -> float:
+                backward_kernels: float = 0.0, replayed: float = 0.0) -> float:
         """Seconds the host adds to `device_s` of GPU work made of `kernels` forward and
-        `backward_kernels` backward launches."""
-        host = kernels * self.per_kernel_s + backward_kernels * self.per_backward_kernel_s
+        `backward_kernels` backward launches, and `replayed` forward ops dispatched again without
+        a launch (a selective checkpoint's saved ops return their kept outputs)."""
+        host = (kernels * self.per_kernel_s + backward_kernels * self.per_backward_kernel_s
+                + replayed * self.op_dispatch_s)
         if self.synchronous:
             return host
         if blocking:
@@ -147,12 +150,20 @@ class HostCosts:
         return device_s + host if self.synchronous else max(device_s, host)
 
 
+def attention_core_kernels(attention: str, *, decoder: bool = False) -> int:
+    """Kernels of a block's attention core (see the module docstring): what selective recompute
+    (Korthikanti et al. 2022, Sec. 5) launches again in the backward; a T5 decoder block has two
+    cores, its self- and cross-attention."""
+    core = {"flash": 1, "flash2": 1, "flash1": 1, "unfused": 4, "eager": 7}[attention]
+    return 2 * core if decoder else core
+
+
 def forward_kernels(*, decoder: bool, tensor: int, attention: str,
                     fused_elementwise: bool = True) -> int:
     """Kernels one block's forward launches (see the module docstring for the count). Without
     Megatron's elementwise fusions the MLP's bias add runs apart from its activation and each
     residual sublayer runs bias add, dropout and add as three kernels instead of one."""
-    core = {"flash": 1, "flash2": 1, "flash1": 1, "unfused": 4, "eager": 7}[attention]
+    core = attention_core_kernels(attention)
     n = 2 + 4 + core + 1 + 2 + 2
     collectives = (3 if decoder else 2) if tensor > 1 else 0
     if decoder:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from partita.planner import inventory
 from partita.planner.enums import WHOLE_FORWARD_AGAIN
 from partita.planner.hardware import GPU
 from partita.planner.stages import chunk_ranges
@@ -30,7 +31,8 @@ from partita.simulator.compute import (LayerTimes, element_bytes,
 from partita.simulator import eagerops
 from partita.simulator.context import StepContext
 from partita.simulator.host import (BACKWARD_KERNELS_PER_FORWARD, EMBEDDING_FORWARD_KERNELS,
-                                    HEAD_FORWARD_KERNELS, forward_kernels)
+                                    HEAD_FORWARD_KERNELS, attention_core_kernels,
+                                    forward_kernels)
 from partita.simulator.memory import (block_parameter_tensors, block_parameters, chunk_blocks,
                                       embedding_parameters, reduce_bytes)
 from partita.simulator.network import Group, collective, cp_ring_time, p2p
@@ -138,18 +140,43 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
 def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
           parts: dict[str, float], recompute: str) -> tuple[float, float, float]:
     """A block pass's host time (dispatch and launch per kernel, `simulator.host`) where it is
-    exposed: beyond the device time, or all of it when launches block."""
+    exposed: beyond the device time, or all of it when launches block. The backward issues its own
+    kernels and what the recompute launches again: the whole forward (full, selective-op) or the
+    attention core (selective)."""
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
                          fused_elementwise=t.fused_elementwise) + eagerops.extra_forward_kernels(
         env.ctx.dims, decoder, norm=t.norm_kernel, rope=t.rope_kernel)
-    recomputed = kf if recompute in WHOLE_FORWARD_AGAIN else 0   # a forward again, with autograd
+    recomputed, replayed = _recompute_kernels(env, decoder, recompute, kf)
     hf = host.exposed(fwd, kf, t.launch_blocking)
     hb = host.exposed(bwd, recomputed, t.launch_blocking,
-                      backward_kernels=BACKWARD_KERNELS_PER_FORWARD * kf)
+                      backward_kernels=BACKWARD_KERNELS_PER_FORWARD * kf, replayed=replayed)
     _add(parts, "host", hf + hb)
     new_b = bwd + hb
     return fwd + hf, new_b, bwd_w * (new_b / bwd if bwd else 1.0)
+
+
+def _recompute_kernels(env: StepEnv, decoder: bool, recompute: str, kf: int) -> tuple[int, int]:
+    """(kernels launched again, ops dispatched again without a launch) by a block's recompute.
+    Full: the whole forward. Selective: the attention core. Selective-op (torchtitan's op policy):
+    torch's selective checkpoint runs the whole forward again, and the ops the policy saved, every
+    second linear's matmul and the attention kernel (`inventory.op_policy_split`), return their
+    kept outputs from its dispatch mode without a kernel (torch/utils/checkpoint.py,
+    `_CachingTorchDispatchMode`): dispatched, not launched."""
+    t, p = env.ctx.training, env.ctx.parallel
+    if recompute == "full":
+        return kf, 0
+    if recompute == "selective":
+        return attention_core_kernels(t.attention, decoder=decoder), 0
+    if recompute == "selective-op":
+        d = env.ctx.dims
+        linears = inventory.block_linears(d, kind=inventory.block_kind(d, decoder),
+                                          micro_batch=t.micro_batch, tensor=p.tensor,
+                                          context=p.context)
+        kept, _ = inventory.op_policy_split(linears)
+        saved = min(kf, len(kept) + attention_core_kernels(t.attention, decoder=decoder))
+        return kf - saved, saved
+    return 0, 0
 
 
 def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,

@@ -488,6 +488,60 @@ def test_backward_kernels_cost_their_own_host_time_and_recompute_the_forwards():
     assert a.backward_s - b.backward_s == pytest.approx(8 * 2 * kf * 2e-6, rel=1e-9)
 
 
+def test_each_recompute_policy_launches_its_own_kernels_again_on_the_host():
+    """Under CUDA_LAUNCH_BLOCKING (every kernel's host time adds) the backward pays for what the
+    recompute issues again: full, the whole forward; selective, the attention core; selective-op,
+    the whole forward dispatched again but the ops its policy saved (every second linear, the
+    attention kernel) not launched."""
+    from partita.planner import inventory
+    from partita.planner.modelspec import TransformerDims
+    from partita.simulator.host import HostCosts, attention_core_kernels, forward_kernels
+    host = HostCosts(op_dispatch_s=3e-6, launch_s=2e-6, launch_blocking_wait_s=5e-6)
+    per_launch = host.per_kernel_s + host.launch_blocking_wait_s
+    back = {}
+    for mode in ("none", "selective", "selective-op", "full"):
+        doc = small(tensor=1, pipeline=1, data=16)
+        doc["model"].update(arch="llama", kv_heads=8, ffn_hidden=2816)
+        doc["training"].update(launch_blocking=True, recompute=mode)
+        back[mode] = _chunks(doc, HostCosts())[0].backward_s, _chunks(doc, host)[0].backward_s
+    host_s = {m: with_host - without for m, (without, with_host) in back.items()}
+    kf = forward_kernels(decoder=False, tensor=1, attention="flash")
+    blocks = 8
+    assert host_s["full"] - host_s["none"] == pytest.approx(blocks * kf * per_launch)
+    assert host_s["selective"] - host_s["none"] == pytest.approx(
+        blocks * attention_core_kernels("flash") * per_launch)
+    d = TransformerDims(arch="llama", layers=8, hidden=1024, heads=16, kv_heads=8,
+                        ffn_hidden=2816, seq_len=1024, vocab=32000)
+    kept, _ = inventory.op_policy_split(inventory.block_linears(d, kind=inventory.block_kind(d)))
+    saved = len(kept) + attention_core_kernels("flash")
+    # the saved ops cost their dispatch, not their launch nor the blocking wait
+    assert host_s["full"] - host_s["selective-op"] == pytest.approx(
+        blocks * saved * (host.launch_s + host.launch_blocking_wait_s))
+    assert attention_core_kernels("eager", decoder=True) == 14
+
+
+def test_host_yaml_takes_the_host_time_per_kernel_measured_on_the_gpu_machine():
+    """data/calibration/host.yaml's dispatch costs for GPU systems are what
+    benchmarks/gpu_prediction.py --host derives from the stored H200 blocks, less the launch."""
+    import importlib.util
+    from pathlib import Path
+    from partita.executor.hostbench import block_host
+    from partita.planner.paths import VALIDATION_DIR
+    from partita.simulator.host import load_host_costs
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_prediction.py"
+    spec = importlib.util.spec_from_file_location("gpu_prediction", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    data = json.loads((VALIDATION_DIR / "gpu" / "h200_kernels.json").read_text())
+    counts = block_host(calls=1, repeats=1)
+    assert (counts.forward_kernels, counts.backward_kernels) == (12, 26)
+    fwd, bwd, nf, nb = bench.host_per_kernel(data, counts.forward_kernels, counts.backward_kernels)
+    host = load_host_costs()
+    assert host.op_dispatch_s == pytest.approx(fwd - host.launch_s, abs=0.05e-6)
+    assert host.backward_op_dispatch_s == pytest.approx(bwd - host.launch_s, abs=0.05e-6)
+    assert (nf, nb) == (24, 4)
+
+
 def test_a_synchronous_device_adds_every_kernels_host_time_to_its_own():
     """On a CPU (kernels run inside the dispatching call) the host time adds to the device time
     even where the device is the slower: blocks, the embedding's and the head's kernels."""
