@@ -141,8 +141,9 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
           parts: dict[str, float], recompute: str) -> tuple[float, float, float]:
     """A block pass's host time (dispatch and launch per kernel, `simulator.host`) where it is
     exposed: beyond the device time, or all of it when launches block. The backward issues its own
-    kernels and what the recompute launches again: the whole forward (full, selective-op) or the
-    attention core (selective)."""
+    kernels and what the recompute issues again (`_recompute_kernels`): the whole forward (full;
+    selective-op dispatches it all and launches what its policy did not save) or the attention core
+    (selective)."""
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
                          fused_elementwise=t.fused_elementwise) + eagerops.extra_forward_kernels(
@@ -161,8 +162,9 @@ def _recompute_kernels(env: StepEnv, decoder: bool, recompute: str, kf: int) -> 
     Full: the whole forward. Selective: the attention core. Selective-op (torchtitan's op policy):
     torch's selective checkpoint runs the whole forward again, and the ops the policy saved, every
     second linear's matmul and the attention kernel (`inventory.op_policy_split`), return their
-    kept outputs from its dispatch mode without a kernel (torch/utils/checkpoint.py,
-    `_CachingTorchDispatchMode`): dispatched, not launched."""
+    kept outputs from its dispatch mode without a kernel (torch/utils/checkpoint.py: the forward's
+    `_CachingTorchDispatchMode` stores them, the recompute's `_CachedTorchDispatchMode` returns
+    them): dispatched, not launched."""
     t, p = env.ctx.training, env.ctx.parallel
     if recompute == "full":
         return kf, 0
