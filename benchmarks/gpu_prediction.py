@@ -118,7 +118,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.host:
         from partita.executor.hostbench import block_host
         counts = block_host(calls=1, repeats=1)
-        f, b, nf, nb = host_per_kernel(data, counts.forward_kernels, counts.backward_kernels)
+        try:
+            f, b, nf, nb = host_per_kernel(data, counts.forward_kernels, counts.backward_kernels)
+        except PartitaError as exc:
+            print(f"error: {args.json}: {exc}", file=sys.stderr)
+            return 1
         launch = load_host_costs().launch_s
         print(f"{data.get('gpu') or data.get('device')}, torch {data['torch']}: partita's GPT block, "
               f"{counts.forward_kernels:.0f} forward and {counts.backward_kernels:.0f} backward kernels")
