@@ -542,6 +542,20 @@ def test_host_yaml_takes_the_host_time_per_kernel_measured_on_the_gpu_machine():
     assert (nf, nb) == (24, 4)
 
 
+def test_gpu_prediction_host_says_in_one_line_when_a_file_has_no_gpt_block(tmp_path, capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[3] / "benchmarks" / "gpu_prediction.py"
+    spec = importlib.util.spec_from_file_location("gpu_prediction", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    f = tmp_path / "empty.json"
+    f.write_text(json.dumps({"torch": "x", "first": {"blocks": []}}))
+    assert bench.main([str(f), "--host"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {f}: no gpt block")
+
+
 def test_a_synchronous_device_adds_every_kernels_host_time_to_its_own():
     """On a CPU (kernels run inside the dispatching call) the host time adds to the device time
     even where the device is the slower: blocks, the embedding's and the head's kernels."""
