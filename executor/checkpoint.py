@@ -82,7 +82,8 @@ def _plan_facts(scenario) -> dict[str, Any]:
                            f"run `partita plan {scenario.origin or 'FILE'} -o planned.yaml` "
                            "to choose one")
     dims = scenario.model.resolve()
-    model = {k: v for k, v in dims.to_dict().items() if k != "name"} if dims is not None \
+    model = {k: v for k, v in dims.to_dict().items() if k not in ("name", "dropout")} \
+        if dims is not None \
         else scenario.model.to_dict()
     brief = (f"{dims.name or dims.arch} L{dims.total_layers} H{dims.hidden} S{dims.seq_len}"
              if dims is not None else f"{scenario.model.module} S{scenario.model.seq_len}")

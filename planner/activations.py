@@ -164,7 +164,7 @@ class ModuleActivations:
 # ---- MEGATRON: Megatron-LM after Korthikanti et al. 2022 (see [Note: megatron]) ---------------
 
 def _has_dropout(dims: TransformerDims) -> bool:
-    return dims.arch != "llama"                  # Korthikanti counts dropout masks; llama has none
+    return bool(dims.dropout)            # Korthikanti counts dropout masks; llama has none
 
 
 def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int = 1, sp: bool = False,

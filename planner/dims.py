@@ -28,6 +28,9 @@ class TransformerDims:
     decoder_layers: int = 0      # t5 only; 0 -> layers
     max_positions: int = 0       # learned position table (gpt, bert); 0 -> seq_len
     tie_embeddings: bool | None = None   # None -> arch default (untied for llama only)
+    dropout: bool | None = None  # dropout on the residual branches, attention and embedding;
+                                 # None -> arch default: Megatron-LM's 0.1 for gpt, bert and t5,
+                                 # none for llama (Llama has no dropout)
     type_vocab: int = 2          # bert token-type embeddings
     mlm_predictions: int = 0     # bert: positions per sequence the MLM head runs on; 0 -> all
     name: str = ""
@@ -55,6 +58,8 @@ class TransformerDims:
             set_(self, "max_positions", self.seq_len)
         if self.tie_embeddings is None:
             set_(self, "tie_embeddings", self.arch != "llama")
+        if self.dropout is None:
+            set_(self, "dropout", self.arch != "llama")
         if self.heads % self.kv_heads:
             raise PartitaError(f"model.heads ({self.heads}) must be divisible by "
                                f"model.kv_heads ({self.kv_heads})")

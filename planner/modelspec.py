@@ -68,6 +68,8 @@ class ModelSpec:
                 out["max_positions"] = d.max_positions
             if d.tie_embeddings != (d.arch != "llama"):
                 out["tie_embeddings"] = d.tie_embeddings
+            if d.dropout != (d.arch != "llama"):
+                out["dropout"] = d.dropout
             if d.mlm_predictions:
                 out["mlm_predictions"] = d.mlm_predictions
             return out

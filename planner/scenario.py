@@ -19,14 +19,14 @@ from partita.planner.paths import SCENARIOS_DIR
 
 TOP_KEYS = ("name", "model", "cluster", "training", "parallel")
 DIM_KEYS = ("arch", "layers", "hidden", "heads", "kv_heads", "ffn_hidden", "seq_len", "vocab",
-            "decoder_layers", "head_dim", "max_positions", "tie_embeddings", "mlm_predictions",
-            "name")
+            "decoder_layers", "head_dim", "max_positions", "tie_embeddings", "dropout",
+            "mlm_predictions", "name")
 MODEL_KEYS = DIM_KEYS + ("preset", "hf_config", "module")
 CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "intra_node_gbps")
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
                  "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32",
                  "fused_cross_entropy", "recompute_num_layers", "grad_reduce_dtype", "norm_kernel",
-                 "rope_kernel")
+                 "rope_kernel", "recompute_early_stop")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap", "data_shard")
@@ -83,6 +83,10 @@ class TrainingSpec:
     fused_cross_entropy: bool = False  # the loss as one fused kernel each way (flash-attn's
                                     # cross-entropy, apex xentropy, Megatron-Core
                                     # --cross-entropy-loss-fusion); false: the fp32 chain
+    recompute_early_stop: bool | None = None  # full recompute halts once the block's last tensor
+                                    # the backward needs is saved again, skipping the ops after
+                                    # it (torch.utils.checkpoint use_reentrant=False, PyTorch >= 2.1);
+                                    # None: the framework's (data/frameworks.yaml)
     recompute_num_layers: int | None = None  # with recompute full: only the first N blocks of each
                                     # model chunk are recomputed, the others keep their activations
                                     # (Megatron-LM --recompute-method block --recompute-num-layers N);
@@ -194,6 +198,8 @@ class Scenario:
             out["training"]["fused_cross_entropy"] = True
         if t.recompute_num_layers is not None:
             out["training"]["recompute_num_layers"] = t.recompute_num_layers
+        if t.recompute_early_stop is not None:
+            out["training"]["recompute_early_stop"] = t.recompute_early_stop
         if t.grad_reduce_dtype != "auto":
             out["training"]["grad_reduce_dtype"] = t.grad_reduce_dtype
         for key in ("norm_kernel", "rope_kernel"):
@@ -309,6 +315,7 @@ def _parse_model(c: Checker) -> ModelSpec:
         ffn_hidden=size("ffn_hidden"), head_dim=size("head_dim"),
         decoder_layers=size("decoder_layers"), max_positions=size("max_positions"),
         tie_embeddings=c.bool("tie_embeddings", arch != "llama"),
+        dropout=c.bool("dropout", arch != "llama"),
         mlm_predictions=size("mlm_predictions"), name=c.str("name", "") or "")
     return ModelSpec(dims=dims)
 
@@ -350,6 +357,7 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         attention_softmax_fp32=_softmax_fp32(c),
                         fused_cross_entropy=c.bool("fused_cross_entropy", False),
                         recompute_num_layers=_recompute_num_layers(c),
+                        recompute_early_stop=c.bool("recompute_early_stop", None),
                         grad_reduce_dtype=c.choice("grad_reduce_dtype", REDUCE_DTYPES, "auto"),
                         norm_kernel=c.choice("norm_kernel", NORM_FORMS, "fused"),
                         rope_kernel=c.choice("rope_kernel", ROPE_FORMS, "fused"))

@@ -240,7 +240,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
                 precision: str, recompute: str, gpu: GPU, cal: Calibration,
                 *, decoder: bool = False, attention: str = "flash",
                 fused_elementwise: bool = True, softmax_fp32: bool = False,
-                norm_kernel: str = "fused", rope_kernel: str = "fused") -> LayerTimes:
+                norm_kernel: str = "fused", rope_kernel: str = "fused",
+                early_stop: bool = False) -> LayerTimes:
     """One transformer block (a t5 decoder block with decoder=True) for one micro-batch.
 
     attention "flash": one fused kernel that never stores the scores (Dao et al. 2022), the GPU's
@@ -255,7 +256,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     `_block_elementwise_bytes`); `softmax_fp32`: eager attention's softmax in fp32 (see
     `_unfused_attention`); `norm_kernel` "eager", `rope_kernel` "complex", "rotate-half" or
     "matrix": the RMSNorms and RoPE as PyTorch ops, at their measured traffic
-    (`simulator.eagerops`)."""
+    (`simulator.eagerops`). `early_stop`: full recompute stops where the block's last saved
+    tensor is saved again (`early_stop_skip`)."""
     if recompute not in RECOMPUTE:
         raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
                            f"got {recompute!r}")
@@ -303,7 +305,44 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     if recompute in ("selective", "selective-op"):     # what the recompute re-runs, by kind
         parts["recompute_gemm"] = redo_gemm
         parts["recompute_attention"] = attn_f if recompute == "selective" else 0.0
+    elif recompute == "full" and early_stop:
+        skip_gemm, skip_ew = early_stop_skip(dims, micro_batch, tp, cp, sp, precision, gpu, g,
+                                             decoder)
+        if skip_gemm or skip_ew:
+            recompute_s = fwd - skip_gemm - skip_ew
+            parts["recompute_gemm"] = gemm_f - skip_gemm
+            parts["recompute_attention"] = attn_f
     return LayerTimes(fwd, bwd_input + gemm_w, bwd_input, gemm_w, recompute_s, parts)
+
+
+def early_stop_skips_last_linear(dims: TransformerDims) -> bool:
+    """Whether a full recompute with early stop leaves out the block's MLP output projection (and
+    its tensor-parallel reduction): a pre-norm block without dropout (`early_stop_skip`)."""
+    return dims.arch != "bert" and not dims.dropout
+
+
+def early_stop_skip(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: bool,
+                    precision: str, gpu: GPU, g: GpuCalibration, decoder: bool) -> tuple[float, float]:
+    """Forward seconds (GEMM, elementwise) a full recompute with early stop does not run again.
+
+    torch.utils.checkpoint(use_reentrant=False) stops the recompute when the last tensor the
+    backward needs has been saved again (set_checkpoint_early_stop, the default since PyTorch 2.1).
+    Autograd saves an op's inputs before its kernel runs and its outputs after, so the recompute
+    halts at the first op whose inputs are the block's last saved tensors. In a pre-norm block (gpt,
+    llama, t5) that is the MLP's output projection, which saves its input and weight: neither
+    that GEMM nor the residual add after it runs again. A dropout after the projection saves its
+    mask, an output, so with `dims.dropout` the GEMM and the dropout run and only the add is
+    skipped. A post-norm block (bert) ends in a layer norm that saves its mean and rstd, outputs:
+    the recompute runs to the end. Checked on PyTorch's op stream (tests/unit/test_recompute_early_stop.py)."""
+    if dims.arch == "bert":
+        return 0.0, 0.0
+    tokens = micro_batch * dims.seq_len / cp
+    add_tokens = tokens / tp if sp else tokens
+    add = _elementwise(3 * add_tokens * dims.hidden * element_bytes(precision), gpu, g)
+    if not early_stop_skips_last_linear(dims):
+        return 0.0, add
+    down = block_gemms(dims, micro_batch, tp, cp, decoder=decoder)[-1]
+    return _gemm(down.m, down.n, down.k, gpu, precision, g), add
 
 
 def op_policy_recompute_gemm_s(dims: TransformerDims, micro_batch: int, tp: int, cp: int,

@@ -36,6 +36,7 @@ class FrameworkProfile:
     bf16_fp32_gradient_copy: bool
     bf16_microbatch_gradient_accumulation: bool
     loss: str                               # vocab_parallel | torch
+    recompute_early_stop: bool              # full recompute halts at the last tensor saved
 
 
 FLAGS = tuple(f.name for f in fields(FrameworkProfile) if f.name != "name")
@@ -63,7 +64,8 @@ def _profile(c: Checker, name: str) -> FrameworkProfile:
         zero3_list_collectives_without_prefetch=c.bool("zero3_list_collectives_without_prefetch", False),
         bf16_fp32_gradient_copy=c.bool("bf16_fp32_gradient_copy", False),
         bf16_microbatch_gradient_accumulation=c.bool("bf16_microbatch_gradient_accumulation", False),
-        loss=c.choice("loss", LOSS_FORMS))
+        loss=c.choice("loss", LOSS_FORMS),
+        recompute_early_stop=c.bool("recompute_early_stop", False))
 
 
 @lru_cache(maxsize=4)

@@ -26,7 +26,7 @@ from partita.planner.enums import WHOLE_FORWARD_AGAIN
 from partita.planner.hardware import GPU
 from partita.planner.stages import chunk_ranges
 from partita.simulator.chunkcost import ChunkCost
-from partita.simulator.compute import (LayerTimes, element_bytes,
+from partita.simulator.compute import (LayerTimes, early_stop_skips_last_linear, element_bytes,
                                        elementwise_time, embedding_times, head_times, layer_times)
 from partita.simulator import eagerops
 from partita.simulator.context import StepContext
@@ -90,7 +90,8 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
                                  t.precision, recompute, gpu, cal, decoder=decoder,
                                  attention=t.attention, fused_elementwise=t.fused_elementwise,
                                  softmax_fp32=t.attention_softmax_fp32,
-                                 norm_kernel=t.norm_kernel, rope_kernel=t.rope_kernel)
+                                 norm_kernel=t.norm_kernel, rope_kernel=t.rope_kernel,
+                                 early_stop=env.recompute_early_stop)
     lt = sustained(lt, oh, gpu, t.precision, oh.block_overhead(t.framework), t.framework)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
@@ -106,8 +107,11 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
         ops = 3 if decoder else 2
         tp_f = ops * per_op
         # full and op-level selective recompute run the forward's collectives again (the op
-        # policy keeps no all-gather or all-reduce output: torchtitan saves reduce-scatters only)
+        # policy keeps no all-gather or all-reduce output: torchtitan saves reduce-scatters only);
+        # a full recompute stopped early leaves out the MLP output projection's reduction
         tp_b = ops * per_op + (tp_f if recompute in WHOLE_FORWARD_AGAIN else 0.0)
+        if recompute == "full" and _stops_before_last_linear(env):
+            tp_b -= per_op
     if p.tp_comm_overlap:
         # Transformer Engine's userbuffers split the GEMMs and move the TP data between chunks,
         # mostly by peer-to-peer copies (copy engines), not NCCL kernels on the SMs: the ideal
@@ -141,8 +145,8 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
           parts: dict[str, float], recompute: str) -> tuple[float, float, float]:
     """A block pass's host time (dispatch and launch per kernel, `simulator.host`) where it is
     exposed: beyond the device time, or all of it when launches block. The backward issues its own
-    kernels and what the recompute issues again (`_recompute_kernels`): the whole forward (full;
-    selective-op dispatches it all and launches what its policy did not save) or the attention core
+    kernels and what the recompute issues again (`_recompute_kernels`): the whole forward (full,
+    less what an early stop leaves out; selective-op dispatches it all and launches what its policy did not save) or the attention core
     (selective)."""
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
@@ -159,7 +163,8 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
 
 def _recompute_kernels(env: StepEnv, decoder: bool, recompute: str, kf: int) -> tuple[int, int]:
     """(kernels launched again, ops dispatched again without a launch) by a block's recompute.
-    Full: the whole forward. Selective: the attention core. Selective-op (torchtitan's op policy):
+    Full: the whole forward, less the ops an early stop leaves out (`compute.early_stop_skip`).
+    Selective: the attention core. Selective-op (torchtitan's op policy):
     torch's selective checkpoint runs the whole forward again, and the ops the policy saved, every
     second linear's matmul and the attention kernel (`inventory.op_policy_split`), return their
     kept outputs from its dispatch mode without a kernel (torch/utils/checkpoint.py: the forward's
@@ -167,6 +172,10 @@ def _recompute_kernels(env: StepEnv, decoder: bool, recompute: str, kf: int) -> 
     them): dispatched, not launched."""
     t, p = env.ctx.training, env.ctx.parallel
     if recompute == "full":
+        if _stops_before_last_linear(env):
+            return kf - 2, 0                  # the MLP output projection and the residual add
+        if env.recompute_early_stop and env.ctx.dims.arch != "bert" and not t.fused_elementwise:
+            return kf - 1, 0                  # the residual add (the dropout before it runs)
         return kf, 0
     if recompute == "selective":
         return attention_core_kernels(t.attention, decoder=decoder), 0
@@ -179,6 +188,11 @@ def _recompute_kernels(env: StepEnv, decoder: bool, recompute: str, kf: int) -> 
         saved = min(kf, len(kept) + attention_core_kernels(t.attention, decoder=decoder))
         return kf - saved, saved
     return 0, 0
+
+
+def _stops_before_last_linear(env: StepEnv) -> bool:
+    """Full recompute halts before the block's MLP output projection (`compute.early_stop_skip`)."""
+    return env.recompute_early_stop and early_stop_skips_last_linear(env.ctx.dims)
 
 
 def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,

@@ -31,3 +31,10 @@ class StepEnv:
         """How `training.framework` runs what the cost model prices (data/frameworks.yaml); read
         once per StepEnv (one simulation) rather than on each of the cost model's many uses."""
         return framework_profile(self.ctx.training.framework)
+
+    @property
+    def recompute_early_stop(self) -> bool:
+        """Whether full recompute stops at the block's last saved tensor: the scenario's
+        `training.recompute_early_stop`, else the framework's (`compute.early_stop_skip`)."""
+        own = self.ctx.training.recompute_early_stop
+        return self.framework.recompute_early_stop if own is None else own

@@ -121,6 +121,9 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
     predictions = rules.value(row, "mlm_predictions", notes)
     if predictions is not None:
         model["mlm_predictions"] = predictions
+    dropout = rules.value(row, "dropout", notes)
+    if dropout is not None:
+        model["dropout"] = dropout
     gpus = cells.required_int(row, "num_gpus")
     if tp * pp * dp * cp != gpus:
         raise Skip("inconsistent", f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp}, "
@@ -150,6 +153,9 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
         form = rules.value(row, key, notes)
         if form is not None and form != "fused":
             training[key] = form
+    early_stop = rules.value(row, "recompute_early_stop", notes)
+    if early_stop is not None:
+        training["recompute_early_stop"] = early_stop
     reduce_dtype = rules.value(row, "grad_reduce_dtype", notes)
     if reduce_dtype is not None:
         training["grad_reduce_dtype"] = reduce_dtype

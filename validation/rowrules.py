@@ -67,6 +67,7 @@ _SETTING_CHECKS = {
     "data_shard": ("int", None), "grad_reduce_dtype": ("choice", REDUCE_DTYPES),
     "mlm_predictions": ("int", None), "norm_kernel": ("choice", NORM_FORMS),
     "rope_kernel": ("choice", ROPE_FORMS), "arch": ("choice", ARCHS),
+    "recompute_early_stop": ("bool", None), "dropout": ("bool", None),
 }
 
 
