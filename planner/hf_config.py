@@ -5,6 +5,8 @@ keys take the defaults of the transformers configuration classes (GPT2Config, Ll
 MistralConfig, BertConfig, T5Config); a key that changes the architecture beyond what the torch
 models implement (biases in Llama, gated T5 feed-forward, ...) is rejected rather than ignored,
 so parameter counts stay exact. seq_len defaults to the config's maximum positions (512 for t5).
+`dropout` (a cost-model fact: dropout masks in memory, what an early-stopped recompute skips) is
+whether any of the class's dropout probabilities is above 0.
 """
 from __future__ import annotations
 
@@ -71,6 +73,17 @@ class _Config:
     def bool(self, key: str, default: bool) -> bool:
         return self.check.bool(self.key(key), default)
 
+    def dropout(self, defaults: dict[str, float]) -> bool:
+        """Whether the model applies dropout: any of its dropout probabilities (`defaults`: the
+        transformers class's keys and defaults) above 0 (`TransformerDims.dropout`)."""
+        applied = False
+        for key, default in defaults.items():
+            p = self.check.number(self.key(key), default, positive=False)
+            if not 0.0 <= p <= 1.0:
+                raise self.check.error(f"a probability: expected 0 to 1, got {p:g}", key)
+            applied = applied or p > 0
+        return applied
+
     def check_spelling(self) -> None:
         """A key close to one this reader uses but not used itself is taken for a typo."""
         known = sorted(self.used)
@@ -115,7 +128,8 @@ def _gpt2(c: _Config) -> TransformerDims:
     return TransformerDims(
         arch="gpt", layers=c.int("n_layer", 12), hidden=hidden, heads=c.int("n_head", 12),
         ffn_hidden=c.int("n_inner", 4 * hidden), seq_len=positions, max_positions=positions,
-        vocab=c.int("vocab_size", 50257), tie_embeddings=c.bool("tie_word_embeddings", True))
+        vocab=c.int("vocab_size", 50257), tie_embeddings=c.bool("tie_word_embeddings", True),
+        dropout=c.dropout({"resid_pdrop": 0.1, "embd_pdrop": 0.1, "attn_pdrop": 0.1}))
 
 
 def _llama(c: _Config, defaults: dict[str, int]) -> TransformerDims:
@@ -128,7 +142,8 @@ def _llama(c: _Config, defaults: dict[str, int]) -> TransformerDims:
         heads=heads, kv_heads=c.int("num_key_value_heads", defaults["kv_heads"] or heads),
         ffn_hidden=c.int("intermediate_size", defaults["ffn"]), head_dim=c.int("head_dim", 0),
         seq_len=c.int("max_position_embeddings", defaults["positions"]),
-        vocab=c.int("vocab_size", 32000), tie_embeddings=c.bool("tie_word_embeddings", False))
+        vocab=c.int("vocab_size", 32000), tie_embeddings=c.bool("tie_word_embeddings", False),
+        dropout=c.dropout({"attention_dropout": 0.0}))
 
 
 def _bert(c: _Config) -> TransformerDims:
@@ -138,7 +153,8 @@ def _bert(c: _Config) -> TransformerDims:
         arch="bert", layers=c.int("num_hidden_layers", 12), hidden=c.int("hidden_size", 768),
         heads=c.int("num_attention_heads", 12), ffn_hidden=c.int("intermediate_size", 3072),
         seq_len=positions, max_positions=positions, vocab=c.int("vocab_size", 30522),
-        type_vocab=c.int("type_vocab_size", 2), tie_embeddings=c.bool("tie_word_embeddings", True))
+        type_vocab=c.int("type_vocab_size", 2), tie_embeddings=c.bool("tie_word_embeddings", True),
+        dropout=c.dropout({"hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}))
 
 
 def _t5(c: _Config) -> TransformerDims:
@@ -151,7 +167,8 @@ def _t5(c: _Config) -> TransformerDims:
         arch="t5", layers=layers, decoder_layers=c.int("num_decoder_layers", layers),
         hidden=c.int("d_model", 512), heads=c.int("num_heads", 8), head_dim=c.int("d_kv", 64),
         ffn_hidden=c.int("d_ff", 2048), seq_len=c.int("n_positions", 512),
-        vocab=c.int("vocab_size", 32128), tie_embeddings=c.bool("tie_word_embeddings", True))
+        vocab=c.int("vocab_size", 32128), tie_embeddings=c.bool("tie_word_embeddings", True),
+        dropout=c.dropout({"dropout_rate": 0.1}))
 
 
 READERS: dict[str, Callable[[_Config], TransformerDims]] = {

@@ -125,3 +125,33 @@ def test_nulls_that_mean_derive_it_and_shapeless_keys_are_accepted():
     dims = dims_from_hf_config({"model_type": "gpt2", "n_layer": 2, "n_inner": None, "n_ctx": 1024,
                                 "layer_norm_epsilon": 1e-5, "architectures": ["GPT2LMHeadModel"]})
     assert dims.layers == 2 and dims.ffn_hidden == 4 * 768
+
+
+@pytest.mark.parametrize("cfg, dropout", [
+    (GPT2, True),                                                   # GPT2Config: 0.1 each
+    ({**GPT2, "attn_pdrop": 0.0, "resid_pdrop": 0.0, "embd_pdrop": 0.0}, False),
+    ({**GPT2, "attn_pdrop": 0.0, "resid_pdrop": 0.0}, True),        # embd_pdrop's default 0.1
+    (LLAMA2_7B, False),                                             # attention_dropout 0.0
+    ({**LLAMA2_7B, "attention_dropout": 0.1}, True),
+    (BERT_BASE, True),
+    ({**BERT_BASE, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}, False),
+])
+def test_dropout_is_read_from_the_configs_dropout_probabilities(cfg, dropout):
+    assert dims_from_hf_config(cfg).dropout is dropout
+
+
+@pytest.mark.parametrize("value, says", [(1.5, "expected 0 to 1, got 1.5"),
+                                         (-0.1, "expected 0 to 1, got -0.1"),
+                                         ("0.1", "expected a number")])
+def test_a_bad_dropout_probability_names_the_key(value, says, tmp_path, capsys):
+    with pytest.raises(PartitaError, match=rf"model\.hf_config\.resid_pdrop: .*{says}"):
+        dims_from_hf_config({**GPT2, "resid_pdrop": value})
+    import yaml
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "model": {"hf_config": {**GPT2, "resid_pdrop": value}},
+        "cluster": {"system": "dgx-a100-80gb", "gpus": 8},
+        "training": {"global_batch": 8}, "parallel": {"data": 8}}))
+    assert main(["simulate", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and "resid_pdrop" in err[0]
