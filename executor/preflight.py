@@ -249,8 +249,9 @@ def as_executed(scenario: Scenario) -> Scenario:
     """The scenario as the executor runs it on a GPU system: its models' kernels are eager
     PyTorch, whatever framework the scenario describes, so the simulator prices those, not the
     framework's fused ones: activation and residual add as separate kernels
-    (`fused_elementwise: false`, but for the archs of EXECUTED_FUSED), the loss as F.cross_entropy's unfused chain, and the norm and
-    RoPE forms of EXECUTED_NORM / EXECUTED_ROPE; no dropout (planner/models/common.py), and full
+    (`fused_elementwise: false`, but for the archs of EXECUTED_FUSED), the loss as
+    F.cross_entropy's unfused chain, and the norm and RoPE forms of EXECUTED_NORM /
+    EXECUTED_ROPE; no dropout (planner/models/common.py), and full
     recompute through torch.utils.checkpoint(use_reentrant=False), which stops early
     (executor/stages.py; `compute.early_stop_skip`). On the NVIDIA H200 runs of
     data/validation/gpu/h200_kernels.json (`runs`: a GPT of 24 x 2048, one of 24 x 1024, a Llama

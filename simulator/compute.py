@@ -307,7 +307,7 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
         parts["recompute_attention"] = attn_f if recompute == "selective" else 0.0
     elif recompute == "full" and early_stop:
         skip_gemm, skip_ew = early_stop_skip(dims, micro_batch, tp, cp, sp, precision, gpu, g,
-                                             decoder)
+                                             decoder, fused_elementwise)
         if skip_gemm or skip_ew:
             recompute_s = fwd - skip_gemm - skip_ew
             parts["recompute_gemm"] = gemm_f - skip_gemm
@@ -315,14 +315,21 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     return LayerTimes(fwd, bwd_input + gemm_w, bwd_input, gemm_w, recompute_s, parts)
 
 
-def early_stop_skips_last_linear(dims: TransformerDims) -> bool:
-    """Whether a full recompute with early stop leaves out the block's MLP output projection (and
-    its tensor-parallel reduction): a pre-norm block without dropout (`early_stop_skip`)."""
-    return dims.arch != "bert" and not dims.dropout
+def early_stop_skips(dims: TransformerDims, fused_elementwise: bool = True) -> tuple[bool, bool]:
+    """(the MLP output projection, the residual add after it): what a full recompute with early
+    stop leaves out of a block (`early_stop_skip`). A pre-norm block without dropout: both; with
+    dropout, the add alone where it is a kernel of its own (a fused bias-dropout-add saves its mask
+    and runs); a post-norm block (bert): neither."""
+    if dims.arch == "bert":
+        return False, False
+    if dims.dropout:
+        return False, not fused_elementwise
+    return True, True
 
 
 def early_stop_skip(dims: TransformerDims, micro_batch: int, tp: int, cp: int, sp: bool,
-                    precision: str, gpu: GPU, g: GpuCalibration, decoder: bool) -> tuple[float, float]:
+                    precision: str, gpu: GPU, g: GpuCalibration, decoder: bool,
+                    fused_elementwise: bool = True) -> tuple[float, float]:
     """Forward seconds (GEMM, elementwise) a full recompute with early stop does not run again.
 
     torch.utils.checkpoint(use_reentrant=False) stops the recompute when the last tensor the
@@ -333,16 +340,18 @@ def early_stop_skip(dims: TransformerDims, micro_batch: int, tp: int, cp: int, s
     that GEMM nor the residual add after it runs again. A dropout after the projection saves its
     mask, an output, so with `dims.dropout` the GEMM and the dropout run and only the add is
     skipped. A post-norm block (bert) ends in a layer norm that saves its mean and rstd, outputs:
-    the recompute runs to the end. Checked on PyTorch's op stream (tests/unit/test_recompute_early_stop.py)."""
-    if dims.arch == "bert":
-        return 0.0, 0.0
-    tokens = micro_batch * dims.seq_len / cp
-    add_tokens = tokens / tp if sp else tokens
-    add = _elementwise(3 * add_tokens * dims.hidden * element_bytes(precision), gpu, g)
-    if not early_stop_skips_last_linear(dims):
-        return 0.0, add
+    the recompute runs to the end (`early_stop_skips`). Checked on PyTorch's op stream
+    (tests/unit/simulator/test_recompute_early_stop.py)."""
+    linear, add = early_stop_skips(dims, fused_elementwise)
+    add_s = 0.0
+    if add:
+        tokens = micro_batch * dims.seq_len / cp
+        add_tokens = tokens / tp if sp else tokens
+        add_s = _elementwise(3 * add_tokens * dims.hidden * element_bytes(precision), gpu, g)
+    if not linear:
+        return 0.0, add_s
     down = block_gemms(dims, micro_batch, tp, cp, decoder=decoder)[-1]
-    return _gemm(down.m, down.n, down.k, gpu, precision, g), add
+    return _gemm(down.m, down.n, down.k, gpu, precision, g), add_s
 
 
 def op_policy_recompute_gemm_s(dims: TransformerDims, micro_batch: int, tp: int, cp: int,

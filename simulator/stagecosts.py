@@ -26,7 +26,7 @@ from partita.planner.enums import WHOLE_FORWARD_AGAIN
 from partita.planner.hardware import GPU
 from partita.planner.stages import chunk_ranges
 from partita.simulator.chunkcost import ChunkCost
-from partita.simulator.compute import (LayerTimes, early_stop_skips_last_linear, element_bytes,
+from partita.simulator.compute import (LayerTimes, early_stop_skips, element_bytes,
                                        elementwise_time, embedding_times, head_times, layer_times)
 from partita.simulator import eagerops
 from partita.simulator.context import StepContext
@@ -110,7 +110,7 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
         # policy keeps no all-gather or all-reduce output: torchtitan saves reduce-scatters only);
         # a full recompute stopped early leaves out the MLP output projection's reduction
         tp_b = ops * per_op + (tp_f if recompute in WHOLE_FORWARD_AGAIN else 0.0)
-        if recompute == "full" and _stops_before_last_linear(env):
+        if recompute == "full" and _early_stop_skips(env)[0]:
             tp_b -= per_op
     if p.tp_comm_overlap:
         # Transformer Engine's userbuffers split the GEMMs and move the TP data between chunks,
@@ -146,8 +146,8 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
     """A block pass's host time (dispatch and launch per kernel, `simulator.host`) where it is
     exposed: beyond the device time, or all of it when launches block. The backward issues its own
     kernels and what the recompute issues again (`_recompute_kernels`): the whole forward (full,
-    less what an early stop leaves out; selective-op dispatches it all and launches what its policy did not save) or the attention core
-    (selective)."""
+    less what an early stop leaves out; selective-op dispatches it all and launches what its
+    policy did not save) or the attention core (selective)."""
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
                          fused_elementwise=t.fused_elementwise) + eagerops.extra_forward_kernels(
@@ -172,11 +172,7 @@ def _recompute_kernels(env: StepEnv, decoder: bool, recompute: str, kf: int) -> 
     them): dispatched, not launched."""
     t, p = env.ctx.training, env.ctx.parallel
     if recompute == "full":
-        if _stops_before_last_linear(env):
-            return kf - 2, 0                  # the MLP output projection and the residual add
-        if env.recompute_early_stop and env.ctx.dims.arch != "bert" and not t.fused_elementwise:
-            return kf - 1, 0                  # the residual add (the dropout before it runs)
-        return kf, 0
+        return kf - sum(_early_stop_skips(env)), 0
     if recompute == "selective":
         return attention_core_kernels(t.attention, decoder=decoder), 0
     if recompute == "selective-op":
@@ -190,9 +186,12 @@ def _recompute_kernels(env: StepEnv, decoder: bool, recompute: str, kf: int) -> 
     return 0, 0
 
 
-def _stops_before_last_linear(env: StepEnv) -> bool:
-    """Full recompute halts before the block's MLP output projection (`compute.early_stop_skip`)."""
-    return env.recompute_early_stop and early_stop_skips_last_linear(env.ctx.dims)
+def _early_stop_skips(env: StepEnv) -> tuple[bool, bool]:
+    """(output projection, residual add) a block's full recompute leaves out
+    (`compute.early_stop_skips`)."""
+    if not env.recompute_early_stop:
+        return False, False
+    return early_stop_skips(env.ctx.dims, env.ctx.training.fused_elementwise)
 
 
 def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,

@@ -15,7 +15,8 @@ from partita.planner.hardware import GPU
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import parse_scenario
 from partita.simulator.calibration import load_calibration
-from partita.simulator.compute import block_gemms, early_stop_skip, gemm_time, layer_times
+from partita.simulator.compute import (block_gemms, early_stop_skip, early_stop_skips, gemm_time,
+                                       layer_times)
 from partita.simulator.frameworks import load_frameworks
 from partita.simulator.step import simulate
 
@@ -116,7 +117,8 @@ def test_with_dropout_only_the_residual_add_is_skipped_and_bert_runs_it_all(ship
     g = shipped.gpu(H100.name)
     gpt = TransformerDims(arch="gpt", layers=2, hidden=1024, heads=16, seq_len=512, vocab=32000)
     assert gpt.dropout is True                       # Megatron-LM's default for gpt, bert, t5
-    skip_gemm, skip_add = early_stop_skip(gpt, 2, 1, 1, False, "bf16", H100, g, False)
+    skip_gemm, skip_add = early_stop_skip(gpt, 2, 1, 1, False, "bf16", H100, g, False,
+                                          fused_elementwise=False)
     assert skip_gemm == 0 and skip_add > 0
     bert = TransformerDims(arch="bert", layers=2, hidden=1024, heads=16, seq_len=128, vocab=30528,
                            dropout=False)
@@ -127,6 +129,10 @@ def test_with_dropout_only_the_residual_add_is_skipped_and_bert_runs_it_all(ship
     llama = TransformerDims(arch="llama", layers=2, hidden=1024, heads=16, ffn_hidden=2816,
                             seq_len=512, vocab=32000)
     assert llama.dropout is False
+    # a fused bias-dropout-add saves its mask and runs: nothing is left out
+    assert early_stop_skips(gpt, fused_elementwise=True) == (False, False)
+    assert early_stop_skips(gpt, fused_elementwise=False) == (False, True)
+    assert early_stop_skips(llama) == (True, True) and early_stop_skips(bert) == (False, False)
 
 
 def test_frameworks_say_which_checkpoint_stops_early():
