@@ -43,7 +43,7 @@ KINDS: dict[str, frozenset[str]] = {
         "parallel.overlap_param_gather", "parallel.tp_comm_overlap", "parallel.grad_reduce",
         "training.micro_batch"}),
     "recompute": frozenset({"training.recompute", "training.recompute_num_layers",
-                            "training.micro_batch"}),
+                            "training.recompute_early_stop", "training.micro_batch"}),
     "precision": frozenset({"training.precision", "training.micro_batch"}),
     "kernels": frozenset({"training.attention", "training.attention_softmax_fp32",
                           "training.fused_elementwise", "training.fused_cross_entropy",
