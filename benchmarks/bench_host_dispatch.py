@@ -17,7 +17,11 @@ Prints, in microseconds:
   counted with a dispatch mode; views, transposes, detach and other metadata-only ops excluded):
   what the simulator charges per kernel (`op_dispatch_us`, `backward_op_dispatch_us`) on this
   machine's `local`, measured by executor/hostbench.py, which `partita calibrate` runs;
-- per parameter tensor of an Adam and an SGD step (the same module).
+- per parameter tensor of an Adam and an SGD step (the same module);
+- per op of flash-attn's unpadding (bert_padding.unpad_input on q, k and v, the ops
+  simulator/unpad.py lists, with autograd recording on the gathers; einops' rearrange and repeat
+  written as the reshape and expand they run), beside the GPT block's per kernel: how the host
+  cost of those ops compares with the per-kernel cost the simulator charges them.
 Timed in the process's own CPU time (time.process_time), single-threaded, so that other load on
 the machine does not count.
 """
@@ -31,6 +35,16 @@ from partita.executor.hostbench import block_host, median_seconds, optimizer_ste
 
 def per_op_us(fn, ops: int, repeats: int = 7, calls: int = 2000) -> float:
     return median_seconds(fn, calls, repeats) / ops * 1e6
+
+
+def unpad_input(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """flash-attn v2.4.2 bert_padding.unpad_input's ops (simulator/unpad.py, UNPAD_CALL)."""
+    seqlens = mask.sum(dim=-1, dtype=torch.int32)
+    indices = torch.nonzero(mask.flatten(), as_tuple=False).flatten()
+    int(seqlens.max().item())
+    F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
+    rows = x.reshape(-1, x.shape[-1])
+    return torch.gather(rows, 0, indices[:, None].expand(-1, rows.shape[1]))
 
 
 def main() -> None:
@@ -58,6 +72,17 @@ def main() -> None:
           "kernels per block")
     print(f"GPT block: forward {b.forward_per_kernel_s * 1e6:.1f} us per kernel, backward "
           f"{b.backward_per_kernel_s * 1e6:.1f} us per kernel (local's op_dispatch_us, backward_op_dispatch_us)")
+    q = torch.ones(1, 8, 4, requires_grad=True)
+    mask = torch.ones(1, 8, dtype=torch.bool)
+
+    def unpad_qkv():
+        for _ in range(3):
+            unpad_input(q, mask)
+
+    ops = 3 * 7
+    unpad_us = per_op_us(unpad_qkv, ops, calls=500)
+    print(f"unpad_input x 3 (q, k, v): {unpad_us:.1f} us per op ({ops} ops), "
+          f"{unpad_us / (b.forward_per_kernel_s * 1e6):.2f} x the GPT block's per kernel")
     for name in ("adam", "sgd"):
         print(f"optimizer {name}: {optimizer_step_per_tensor(name) * 1e6:.1f} us per parameter tensor "
               "(single-tensor loop, as torch runs it on CPU tensors)")

@@ -80,6 +80,7 @@ class ActivationSettings:
     softmax_fp32: bool = False      # stored-score attention keeps its softmax output in fp32
     fused_loss: bool = False        # a fused cross-entropy keeps the logits at their own precision
     eager_norm: bool = False        # RMSNorms as fp32 PyTorch ops (training.norm_kernel: eager)
+    attention_unpad: bool = False   # the flash kernel's unpadded output kept beside its padded copy
 
 
 class ActivationModel(Protocol):
@@ -170,13 +171,18 @@ def _has_dropout(dims: TransformerDims) -> bool:
 def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int = 1, sp: bool = False,
                            cp: int = 1, precision: str = "bf16", recompute: str = "none",
                            flash_attention: bool = True, decoder: bool = False,
-                           softmax_fp32: bool = False, eager_norm: bool = False) -> float:
+                           softmax_fp32: bool = False, eager_norm: bool = False,
+                           attention_unpad: bool = False) -> float:
     """Bytes one Megatron-LM block keeps for its backward, one micro-batch (Korthikanti et al.
     2022, Sec. 4.1, Table 2). `softmax_fp32`: eager attention soft-maxes in fp32 and autograd keeps
     that output for the softmax's backward, 4 bytes per score in place of the 16-bit 2.
     `eager_norm`: an RMSNorm written as PyTorch ops keeps the fp32 copy of its input (saved by
     pow and by the multiply with 1/rms) and its normalised output before the weight (saved by the
-    weight multiply), not its 16-bit input: 4 bytes more per element of each norm."""
+    weight multiply), not its 16-bit input: 4 bytes more per element of each norm.
+    `attention_unpad` (`simulator.unpad`): the variable-length flash kernel keeps its own
+    (unpadded) output for its backward and the output projection the padded copy pad_input made:
+    one attention output more. Its saved q, k and v are the unpadded copies, in place of views of
+    the QKV projection's output, which nothing then keeps: the same bytes."""
     e = element_bytes(precision)
     sb = dims.seq_len / cp * micro_batch
     h = dims.hidden
@@ -196,6 +202,8 @@ def block_activation_bytes(dims: TransformerDims, micro_batch: int, *, tp: int =
         replicated += FP32 * sublayers * h
     # TP-sharded: Q, K, V, attention output (O-proj input), MLP up output and activation output
     sharded = e * attn_blocks * ((q_heads + 2 * kv_heads) * hd + q_heads * hd)
+    if attention_unpad:
+        sharded += e * attn_blocks * q_heads * hd
     sharded += e * ((2 if gated else 1) + 1) * dims.ffn_hidden / tp
     if flash_attention:
         sharded += attn_blocks * 4 * q_heads                   # fp32 logsumexp per query and head
@@ -251,7 +259,8 @@ class MegatronActivations:
                                       cp=s.context, precision=s.precision, recompute=s.recompute,
                                       flash_attention=s.flash_attention,
                                       decoder=layer.kind == "decoder",
-                                      softmax_fp32=s.softmax_fp32, eager_norm=s.eager_norm)
+                                      softmax_fp32=s.softmax_fp32, eager_norm=s.eager_norm,
+                                      attention_unpad=s.attention_unpad)
 
 
 MODULES = ModuleActivations()

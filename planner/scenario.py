@@ -26,7 +26,7 @@ CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
                  "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32",
                  "fused_cross_entropy", "recompute_num_layers", "grad_reduce_dtype", "norm_kernel",
-                 "rope_kernel", "recompute_early_stop")
+                 "rope_kernel", "recompute_early_stop", "attention_unpad")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap", "data_shard")
@@ -101,6 +101,10 @@ class TrainingSpec:
     rope_kernel: str = "fused"      # RoPE as one kernel | the eager forms: complex (fp32 complex
                                     # multiply: Meta's, torchtitan's) | rotate-half (Hugging Face's,
                                     # partita's executor) | matrix (fp32 2 x 2 rotations: fms)
+    attention_unpad: bool = False   # q, k, v unpadded into a variable-length flash kernel and its
+                                    # output padded back, flash-attn's bert_padding (llm-foundry's
+                                    # flash_attn_fn, Hugging Face's flash_attention_2 with a mask;
+                                    # simulator/unpad.py)
 
     def recomputed_blocks(self, blocks: int) -> int:
         """How many of a chunk's `blocks` transformer blocks run their forward again in backward:
@@ -205,6 +209,8 @@ class Scenario:
         for key in ("norm_kernel", "rope_kernel"):
             if getattr(t, key) != "fused":
                 out["training"][key] = getattr(t, key)
+        if t.attention_unpad:
+            out["training"]["attention_unpad"] = True
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -360,7 +366,8 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         recompute_early_stop=c.bool("recompute_early_stop", None),
                         grad_reduce_dtype=c.choice("grad_reduce_dtype", REDUCE_DTYPES, "auto"),
                         norm_kernel=c.choice("norm_kernel", NORM_FORMS, "fused"),
-                        rope_kernel=c.choice("rope_kernel", ROPE_FORMS, "fused"))
+                        rope_kernel=c.choice("rope_kernel", ROPE_FORMS, "fused"),
+                        attention_unpad=_attention_unpad(c))
 
 
 def _recompute_num_layers(c: Checker) -> int | None:
@@ -372,6 +379,17 @@ def _recompute_num_layers(c: Checker) -> int | None:
         raise c.error(f"only with recompute full (recompute is {recompute}: it names how many "
                       f"blocks of each chunk full recompute re-runs), got {n}", "recompute_num_layers")
     return n
+
+
+def _attention_unpad(c: Checker) -> bool:
+    """training.attention_unpad: only around a flash kernel (attention flash, flash2 or flash1),
+    the variable-length kernel the unpadded q, k and v go to."""
+    value = c.bool("attention_unpad", False)
+    attention = c.mapping.get("attention", "flash")
+    if value and attention in ("eager", "unfused"):
+        raise c.error(f"only with attention flash, flash2 or flash1 (attention is {attention}: "
+                      f"stored-score attention takes the padded batch), got true", "attention_unpad")
+    return value
 
 
 def _softmax_fp32(c: Checker) -> bool:
@@ -450,7 +468,8 @@ def check_kernel_forms(training: TrainingSpec, dims: TransformerDims | None,
                        where: str = "") -> None:
     """training.norm_kernel / rope_kernel: an eager form only where the model has that layer
     (GPT's and BERT's LayerNorm is torch's one native kernel even in eager PyTorch; they have no
-    RoPE), and not for a profiled module, whose kernels its profile times."""
+    RoPE), and not for a profiled module, whose kernels its profile times; nor
+    training.attention_unpad."""
     for key, archs in EAGER_ARCHS.items():
         form = getattr(training, key)
         if form == "fused":
@@ -460,6 +479,10 @@ def check_kernel_forms(training: TrainingSpec, dims: TransformerDims | None,
             raise PartitaError(f"{where}training.{key}: {form} is for arch {' or '.join(archs)} "
                                f"(the {'RMSNorm' if key == 'norm_kernel' else 'rotary embedding'} "
                                f"it replaces), not {arch}; remove the key or set it to fused")
+    if training.attention_unpad and dims is None:
+        raise PartitaError(f"{where}training.attention_unpad: true is for a model given by its "
+                           f"dimensions, not a model.module, whose profile times its own kernels; "
+                           f"remove the key")
 
 
 def check_plan(s: Scenario, gpus: int, dims: TransformerDims | None = None) -> None:

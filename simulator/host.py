@@ -10,7 +10,9 @@ are asynchronous, so the host runs ahead while the GPU works: a block pass costs
 max(device, host) and the host is exposed only where it is the bottleneck (small models, small
 micro-batches). With CUDA_LAUNCH_BLOCKING=1 (`training.launch_blocking`) every launch waits for its
 kernel, so each kernel's host time and a synchronisation wait (`launch_blocking_wait_s`) add to the
-device time. On a device whose kernels run inside the dispatching call (a CPU: `synchronous`,
+device time. Where the host waits for the GPU mid-block (flash-attn's unpadding: a nonzero's count,
+an `.item()`; `simulator.unpad`), the GPU idles from each wait's return until the host has issued
+the ops up to the next one (`sync_stall`). On a device whose kernels run inside the dispatching call (a CPU: `synchronous`,
 `partita calibrate` on a machine without CUDA) nothing overlaps either: the host's time beyond the
 kernel's own adds to it. An optimizer step costs the host `optimizer_step_per_tensor_s` per
 parameter tensor where the optimizer loops over tensors (torch's single-tensor implementations,
@@ -41,6 +43,7 @@ and weight gradients of every GEMM; elementwise backwards read two inputs): BACK
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -51,7 +54,7 @@ from partita.planner.provenance import load_by_provenance
 
 HOST_FILE = CALIBRATION_DIR / "host.yaml"
 KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "launch_us", "launch_blocking_wait_us",
-        "source")
+        "unpad_op_dispatch_fraction", "source")
 BACKWARD_KERNELS_PER_FORWARD = 2
 # The schedule whose measured work per action stands for another's: torch runs GPipe with 1F1B's
 # runtime (PipelineScheduleSingle) and zero bubble with interleaved 1F1B's (PipelineScheduleMulti),
@@ -78,6 +81,8 @@ class HostCosts:
     launch_blocking_wait_s: float = 0.0
     backward_op_dispatch_s: float | None = None   # per backward kernel; None: = op_dispatch_s
     synchronous: bool = False                     # kernels run inside the call (a CPU device)
+    # host time of an op of flash-attn's unpadding (simulator/unpad.py) per `op_dispatch_s`
+    unpad_op_dispatch_fraction: float = 1.0
     # per forward or backward of a pipeline stage, by the schedule measured (RUNTIME_OF for the rest)
     pipeline_action_s: dict[str, float] = field(default_factory=dict, hash=False)
     # host seconds per parameter tensor of one optimizer step, by optimizer (adam, sgd)
@@ -110,6 +115,24 @@ class HostCosts:
             return host + (kernels + backward_kernels) * self.launch_blocking_wait_s
         return max(0.0, host - device_s)
 
+
+    @property
+    def unpad_op_s(self) -> float:
+        """Host seconds before one op of the unpadding can run on the GPU: its dispatch (a small
+        functional op, `unpad_op_dispatch_fraction` of a block kernel's) and its launch."""
+        return self.unpad_op_dispatch_fraction * self.op_dispatch_s + self.launch_s
+
+    def sync_stall(self, windows: Sequence[tuple[int, float]], blocking: bool) -> float:
+        """Seconds the GPU idles around the host's waits for it (a nonzero's count, an .item()):
+        after each wait the queue is empty, so a window of `ops` host-issued ops of the unpadding
+        (`unpad_op_s` each) with `device_s` of GPU work between them lasts the wait's return
+        (`launch_blocking_wait_s`, the same round trip) plus the longer of the two, of which the
+        GPU runs only its work. Nothing where the host already waits on every kernel (a
+        synchronous device, launches that block): `exposed` charges those ops in full."""
+        if self.synchronous or blocking:
+            return 0.0
+        return sum(self.launch_blocking_wait_s + max(0.0, ops * self.unpad_op_s - device_s)
+                   for ops, device_s in windows)
 
     def schedule_action_s(self, schedule: str) -> float:
         """Host seconds per action of `schedule`: its own measurement, else that of the schedule
@@ -182,13 +205,17 @@ def _load(path: str, mtime: int) -> HostCosts:
         if key == "backward_op_dispatch_us" and key not in c.mapping:
             values[key] = None                            # as the forward's (op_dispatch_us)
             continue
+        if key == "unpad_op_dispatch_fraction":
+            values[key] = c.number(key, 1.0, positive=True, maximum=100.0)
+            continue
         value = c.number(key, 0.0, positive=False)
         if value < 0.0:
             raise c.error(f"must be >= 0, got {value}", key)
         values[key] = value * 1e-6
     return HostCosts(op_dispatch_s=values["op_dispatch_us"], launch_s=values["launch_us"],
                      launch_blocking_wait_s=values["launch_blocking_wait_us"],
-                     backward_op_dispatch_s=values["backward_op_dispatch_us"])
+                     backward_op_dispatch_s=values["backward_op_dispatch_us"],
+                     unpad_op_dispatch_fraction=values["unpad_op_dispatch_fraction"])
 
 
 def load_host_costs(path: str | Path = HOST_FILE) -> HostCosts:

@@ -208,7 +208,7 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
                  decoder_blocks: int = 0, first: bool = True, last: bool = True,
                  inflight: float = 1.0, flash_attention: bool = True,
                  softmax_fp32: bool = False, fused_loss: bool = False,
-                 eager_norm: bool = False,
+                 eager_norm: bool = False, attention_unpad: bool = False,
                  framework: str = "megatron", recomputed: int | None = None,
                  activation_model: ActivationModel = MEGATRON) -> MemoryEstimate:
     """Memory of one GPU holding `blocks` encoder/decoder-only blocks and `decoder_blocks` t5
@@ -225,7 +225,8 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
     w, g, o = bytes_per_parameter(precision, optimizer, zero, shard, framework)
     s = ActivationSettings(micro_batch=micro_batch, precision=precision, tensor=tp, context=cp,
                            sequence_parallel=sp, recompute=recompute, flash_attention=flash_attention,
-                           softmax_fp32=softmax_fp32, fused_loss=fused_loss, eager_norm=eager_norm)
+                           softmax_fp32=softmax_fp32, fused_loss=fused_loss, eager_norm=eager_norm,
+                           attention_unpad=attention_unpad)
     kept = replace(s, recompute="none")
     r = blocks + decoder_blocks if recomputed is None or recompute != "full" else recomputed
     r_enc = min(r, blocks)
@@ -343,6 +344,6 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
             flash_attention=flash_attention, framework=training.framework,
             softmax_fp32=training.attention_softmax_fp32 and training.attention == "eager",
             fused_loss=training.fused_cross_entropy, recomputed=recomputed,
-            eager_norm=training.norm_kernel == "eager",
+            eager_norm=training.norm_kernel == "eager", attention_unpad=training.attention_unpad,
             activation_model=activation_model))
     return tuple(out)

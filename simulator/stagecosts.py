@@ -27,8 +27,9 @@ from partita.planner.hardware import GPU
 from partita.planner.stages import chunk_ranges
 from partita.simulator.chunkcost import ChunkCost
 from partita.simulator.compute import (LayerTimes, early_stop_skips, element_bytes,
-                                       elementwise_time, embedding_times, head_times, layer_times)
-from partita.simulator import eagerops
+                                       elementwise_time, embedding_times, head_times, layer_times,
+                                       unpad_gather_times)
+from partita.simulator import eagerops, unpad
 from partita.simulator.context import StepContext
 from partita.simulator.host import (BACKWARD_KERNELS_PER_FORWARD, EMBEDDING_FORWARD_KERNELS,
                                     HEAD_FORWARD_KERNELS, attention_core_kernels,
@@ -91,7 +92,8 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
                                  attention=t.attention, fused_elementwise=t.fused_elementwise,
                                  softmax_fp32=t.attention_softmax_fp32,
                                  norm_kernel=t.norm_kernel, rope_kernel=t.rope_kernel,
-                                 early_stop=env.recompute_early_stop)
+                                 early_stop=env.recompute_early_stop,
+                                 attention_unpad=t.attention_unpad)
     lt = sustained(lt, oh, gpu, t.precision, oh.block_overhead(t.framework), t.framework)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
@@ -147,15 +149,35 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
     exposed: beyond the device time, or all of it when launches block. The backward issues its own
     kernels and what the recompute issues again (`_recompute_kernels`): the whole forward (full,
     less what an early stop leaves out; selective-op dispatches it all and launches what its
-    policy did not save) or the attention core (selective)."""
+    policy did not save) or the attention core (selective). With `training.attention_unpad` the
+    unpadding's waits for the GPU (`simulator.unpad`) cut the forward, and any recompute of the
+    whole forward: the ops between waits are issued while the GPU idles (`HostCosts.sync_stall`),
+    the rest ahead of it as before."""
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
                          fused_elementwise=t.fused_elementwise) + eagerops.extra_forward_kernels(
         env.ctx.dims, decoder, norm=t.norm_kernel, rope=t.rope_kernel)
     recomputed, replayed = _recompute_kernels(env, decoder, recompute, kf)
-    hf = host.exposed(fwd, kf, t.launch_blocking)
-    hb = host.exposed(bwd, recomputed, t.launch_blocking,
-                      backward_kernels=BACKWARD_KERNELS_PER_FORWARD * kf, replayed=replayed)
+    kb = BACKWARD_KERNELS_PER_FORWARD * kf
+    ahead, windows = kf, ()
+    if t.attention_unpad:
+        kb += unpad.BACKWARD_KERNELS
+        if host.synchronous or t.launch_blocking:
+            ahead += unpad.forward_kernels()           # every op waits for its kernel anyway
+        else:
+            d, g = env.ctx.dims, env.cal.gpu(env.ctx.system.gpu.name)
+            gathers = unpad_gather_times(d, t.micro_batch, p.tensor, p.context, t.precision,
+                                         env.ctx.system.gpu, g)
+            windows = unpad.sync_windows(gathers, g.kernel_floor_s)
+            ahead += unpad.ahead_ops() - 1             # the flash kernel ends the last window
+        if recompute in WHOLE_FORWARD_AGAIN:
+            recomputed += ahead - kf
+    in_windows = sum(dev for _, dev in windows)
+    stall = host.sync_stall(windows, t.launch_blocking)
+    hf = host.exposed(fwd - in_windows, ahead, t.launch_blocking) + stall
+    again = recompute in WHOLE_FORWARD_AGAIN and bool(windows)
+    hb = host.exposed(bwd - (in_windows if again else 0.0), recomputed, t.launch_blocking,
+                      backward_kernels=kb, replayed=replayed) + (stall if again else 0.0)
     _add(parts, "host", hf + hb)
     new_b = bwd + hb
     return fwd + hf, new_b, bwd_w * (new_b / bwd if bwd else 1.0)

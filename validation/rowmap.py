@@ -149,6 +149,8 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
         training["attention_softmax_fp32"] = True
     if rules.value(row, "fused_cross_entropy", notes):
         training["fused_cross_entropy"] = True
+    if rules.value(row, "attention_unpad", notes):
+        training["attention_unpad"] = True
     for key in ("norm_kernel", "rope_kernel"):
         form = rules.value(row, key, notes)
         if form is not None and form != "fused":

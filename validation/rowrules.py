@@ -68,6 +68,7 @@ _SETTING_CHECKS = {
     "mlm_predictions": ("int", None), "norm_kernel": ("choice", NORM_FORMS),
     "rope_kernel": ("choice", ROPE_FORMS), "arch": ("choice", ARCHS),
     "recompute_early_stop": ("bool", None), "dropout": ("bool", None),
+    "attention_unpad": ("bool", None),
 }
 
 
