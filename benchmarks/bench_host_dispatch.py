@@ -20,8 +20,9 @@ Prints, in microseconds:
 - per parameter tensor of an Adam and an SGD step (the same module);
 - per op of flash-attn's unpadding (bert_padding.unpad_input on q, k and v, the ops
   simulator/unpad.py lists, with autograd recording on the gathers; einops' rearrange and repeat
-  written as the reshape and expand they run), beside the GPT block's per kernel: how the host
-  cost of those ops compares with the per-kernel cost the simulator charges them.
+  written as the reshape and expand they run) and of Megatron-LM 2019's FP16_Optimizer passes over
+  its parameter tensors (simulator/fp16optimizer.py), beside the GPT block's per kernel: how the
+  host cost of such small functional ops compares with the per-kernel cost of a block's.
 Timed in the process's own CPU time (time.process_time), single-threaded, so that other load on
 the machine does not count.
 """
@@ -45,6 +46,27 @@ def unpad_input(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     F.pad(torch.cumsum(seqlens, dim=0, dtype=torch.int32), (1, 0))
     rows = x.reshape(-1, x.shape[-1])
     return torch.gather(rows, 0, indices[:, None].expand(-1, rows.shape[1]))
+
+
+# Megatron-LM 2019's fp16.FP16_Optimizer around apex FusedAdam, the host ops per parameter tensor
+# (simulator/fp16optimizer.py; the Adam update itself left out): the overflow check's
+# float(grad.float().sum()), the copy into the fp32 master gradient, the unscale, the norm with
+# .item() for clipping, and the copy of the master weight back.
+FP16_OPTIMIZER_OPS = ("float", "sum", "item", "copy_", "mul_", "norm", "item", "copy_")
+
+
+def fp16_optimizer_passes(grads: list[torch.Tensor], master: list[torch.Tensor],
+                          inv_scale: float) -> None:
+    for g in grads:
+        float(g.float().sum())
+    for g, m in zip(grads, master):
+        m.grad.copy_(g)
+    for m in master:
+        m.grad.mul_(inv_scale)
+    for m in master:
+        float(m.grad.norm(2.0).item())
+    for g, m in zip(grads, master):
+        g.copy_(m)
 
 
 def main() -> None:
@@ -83,6 +105,18 @@ def main() -> None:
     unpad_us = per_op_us(unpad_qkv, ops, calls=500)
     print(f"unpad_input x 3 (q, k, v): {unpad_us:.1f} us per op ({ops} ops), "
           f"{unpad_us / (b.forward_per_kernel_s * 1e6):.2f} x the GPT block's per kernel")
+    grads = [torch.ones(4, 4, dtype=torch.float16) for _ in range(12)]
+    master = [torch.ones(4, 4) for _ in range(12)]
+    for m in master:
+        m.grad = torch.zeros(4, 4)
+
+    def fp16_optimizer_loops():
+        fp16_optimizer_passes(grads, master, 1.0 / 1024)
+
+    ops = 12 * len(FP16_OPTIMIZER_OPS)
+    loop_us = per_op_us(fp16_optimizer_loops, ops, calls=200)
+    print(f"FP16_Optimizer's per-tensor passes (12 tensors): {loop_us:.1f} us per op ({ops} ops), "
+          f"{loop_us / (b.forward_per_kernel_s * 1e6):.2f} x the GPT block's per kernel")
     for name in ("adam", "sgd"):
         print(f"optimizer {name}: {optimizer_step_per_tensor(name) * 1e6:.1f} us per parameter tensor "
               "(single-tensor loop, as torch runs it on CPU tensors)")

@@ -15,6 +15,7 @@ RECOMPUTE = ("none", "selective", "selective-op", "full")              # trainin
 # replays it, skipping only the ops whose outputs it kept)
 WHOLE_FORWARD_AGAIN = ("full", "selective-op")
 OPTIMIZERS = ("adam", "sgd")                                           # training.optimizer
+OPTIMIZER_IMPLS = ("fused", "apex-fp16-optimizer")                      # training.optimizer_impl
 ATTENTION = ("flash", "flash2", "flash1", "unfused", "eager")          # training.attention
 FLASH_KERNELS = ("flash", "flash2", "flash1")   # attention kernels that never store the scores
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")                         # training.framework

@@ -11,8 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, GRAD_REDUCE, NORM_FORMS, OPTIMIZERS,
-                                   PRECISIONS, RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES)
+from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, GRAD_REDUCE, NORM_FORMS,
+                                   OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE,
+                                   REDUCE_DTYPES, ROPE_FORMS, SCHEDULES)
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import ModelSpec, TransformerDims
 from partita.planner.paths import SCENARIOS_DIR
@@ -26,7 +27,7 @@ CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
                  "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32",
                  "fused_cross_entropy", "recompute_num_layers", "grad_reduce_dtype", "norm_kernel",
-                 "rope_kernel", "recompute_early_stop", "attention_unpad")
+                 "rope_kernel", "recompute_early_stop", "attention_unpad", "optimizer_impl")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap", "data_shard")
@@ -105,6 +106,11 @@ class TrainingSpec:
                                     # output padded back, flash-attn's bert_padding (llm-foundry's
                                     # flash_attn_fn, Hugging Face's flash_attention_2 with a mask;
                                     # simulator/unpad.py)
+    optimizer_impl: str = "fused"   # the mixed-precision optimizer's passes: fused (multi-tensor
+                                    # kernels, one wait: Megatron-Core, DeepSpeed, torch's fused
+                                    # AdamW) | apex-fp16-optimizer (Megatron-LM 2019's
+                                    # FP16_Optimizer: per-tensor passes, two host waits per tensor;
+                                    # simulator/fp16optimizer.py)
 
     def recomputed_blocks(self, blocks: int) -> int:
         """How many of a chunk's `blocks` transformer blocks run their forward again in backward:
@@ -211,6 +217,8 @@ class Scenario:
                 out["training"][key] = getattr(t, key)
         if t.attention_unpad:
             out["training"]["attention_unpad"] = True
+        if t.optimizer_impl != "fused":
+            out["training"]["optimizer_impl"] = t.optimizer_impl
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -367,7 +375,8 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         grad_reduce_dtype=c.choice("grad_reduce_dtype", REDUCE_DTYPES, "auto"),
                         norm_kernel=c.choice("norm_kernel", NORM_FORMS, "fused"),
                         rope_kernel=c.choice("rope_kernel", ROPE_FORMS, "fused"),
-                        attention_unpad=_attention_unpad(c))
+                        attention_unpad=_attention_unpad(c),
+                        optimizer_impl=_optimizer_impl(c))
 
 
 def _recompute_num_layers(c: Checker) -> int | None:
@@ -379,6 +388,19 @@ def _recompute_num_layers(c: Checker) -> int | None:
         raise c.error(f"only with recompute full (recompute is {recompute}: it names how many "
                       f"blocks of each chunk full recompute re-runs), got {n}", "recompute_num_layers")
     return n
+
+
+def _optimizer_impl(c: Checker) -> str:
+    """training.optimizer_impl: apex-fp16-optimizer is FP16_Optimizer around FusedAdam, fp16 only."""
+    impl = c.choice("optimizer_impl", OPTIMIZER_IMPLS, "fused")
+    if impl == "apex-fp16-optimizer":
+        for key, want, got in (("precision", "fp16", c.mapping.get("precision", "bf16")),
+                               ("optimizer", "adam", c.mapping.get("optimizer", "adam"))):
+            if got != want:
+                raise c.error(f"apex-fp16-optimizer wraps apex's FusedAdam in fp16 training "
+                              f"(training.{key} {want}), but training.{key} is {got}",
+                              "optimizer_impl")
+    return impl
 
 
 def _attention_unpad(c: Checker) -> bool:
@@ -469,7 +491,7 @@ def check_kernel_forms(training: TrainingSpec, dims: TransformerDims | None,
     """training.norm_kernel / rope_kernel: an eager form only where the model has that layer
     (GPT's and BERT's LayerNorm is torch's one native kernel even in eager PyTorch; they have no
     RoPE), and not for a profiled module, whose kernels its profile times; nor
-    training.attention_unpad."""
+    training.attention_unpad, nor a per-tensor training.optimizer_impl."""
     for key, archs in EAGER_ARCHS.items():
         form = getattr(training, key)
         if form == "fused":
@@ -479,6 +501,10 @@ def check_kernel_forms(training: TrainingSpec, dims: TransformerDims | None,
             raise PartitaError(f"{where}training.{key}: {form} is for arch {' or '.join(archs)} "
                                f"(the {'RMSNorm' if key == 'norm_kernel' else 'rotary embedding'} "
                                f"it replaces), not {arch}; remove the key or set it to fused")
+    if training.optimizer_impl != "fused" and dims is None:
+        raise PartitaError(f"{where}training.optimizer_impl: {training.optimizer_impl} goes "
+                           f"through the model's parameter tensors one by one, which a "
+                           f"model.module's profile does not list; remove the key")
     if training.attention_unpad and dims is None:
         raise PartitaError(f"{where}training.attention_unpad: true is for a model given by its "
                            f"dimensions, not a model.module, whose profile times its own kernels; "
@@ -515,6 +541,10 @@ def check_plan(s: Scenario, gpus: int, dims: TransformerDims | None = None) -> N
     if p.schedule == "interleaved-1f1b" and p.pipeline > 1 and m % p.pipeline:
         raise fail(f"parallel.schedule interleaved-1f1b needs micro-batches per replica ({m}) "
                    f"to be a multiple of pipeline ({p.pipeline})")
+    if t.optimizer_impl == "apex-fp16-optimizer" and p.zero:
+        raise fail(f"training.optimizer_impl apex-fp16-optimizer keeps every fp32 master weight "
+                   f"and Adam state on each rank (ZeRO 0), but parallel.zero is {p.zero}; use "
+                   f"optimizer_impl fused")
     dims = dims if dims is not None else _dims_or_none(s)
     if dims is not None:
         _check_dims(dims, p, fail)

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 
 from partita.planner import inventory
 from partita.planner.stages import chunk_ranges
-from partita.simulator.compute import element_bytes
+from partita.simulator import fp16optimizer
+from partita.simulator.compute import element_bytes, elementwise_time
 from partita.simulator.context import StepContext
 from partita.simulator.memory import chunk_blocks, embedding_parameters, grad_bytes, reduce_bytes
 from partita.simulator.network import Group, collective
@@ -133,41 +134,65 @@ def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[f
 def optimizer_time(env: StepEnv, params: Sequence[float]) -> float:
     """The optimizer update of the largest rank's parameter shard (`params`: per model chunk on
     one TP rank): memory-bound on the device, beside the host's work per parameter tensor
-    (`HostCosts.optimizer_step`: measured for a machine `partita calibrate` measured)."""
+    (`HostCosts.optimizer_step`: measured for a machine `partita calibrate` measured). Megatron-LM
+    2019's FP16_Optimizer (`training.optimizer_impl: apex-fp16-optimizer`) goes tensor by tensor,
+    pass by pass (`simulator.fp16optimizer`)."""
     ctx, cal = env.ctx, env.cal
     p, t = ctx.parallel, ctx.training
     per_rank = max(sum(params[c] for c in range(r, len(params), p.pipeline))
                    for r in range(p.pipeline))
     if p.zero >= 1:
         per_rank /= p.shard * p.context
+    gpu = ctx.system.gpu
+    if t.optimizer_impl == "apex-fp16-optimizer" and ctx.profile is None:
+        sizes = max(rank_tensor_sizes(ctx), key=sum)
+        return fp16optimizer.step_time(sizes, element_bytes(t.precision), env.host,
+                                       lambda nbytes: elementwise_time(nbytes, gpu, cal))
     per_param = ADAM_BYTES_PER_PARAM if t.optimizer == "adam" else SGD_BYTES_PER_PARAM
     nbytes = per_rank * per_param
-    gpu = ctx.system.gpu
     eff = cal.gpu(gpu.name).memory_efficiency(nbytes)
     device_s = nbytes / (gpu.memory_bandwidth_bytes_per_s * eff)
     return env.host.optimizer_step(t.optimizer, rank_tensors(ctx), device_s)
 
 
 def rank_tensors(ctx: StepContext) -> int:
-    """Parameter tensors of the pipeline rank with the most (its chunks' blocks from the inventory,
-    the embedding's on the first chunk, the head's on the last, as `memory.held_parameters` places
-    them); 0 for a profiled module, whose profile counts parameters, not tensors. The inventory
-    lays a GPT block out as Megatron-LM does (one fused QKV weight and bias)."""
+    """Parameter tensors of the pipeline rank with the most (`rank_tensor_sizes`); 0 for a
+    profiled module, whose profile counts parameters, not tensors."""
+    return max((len(sizes) for sizes in rank_tensor_sizes(ctx)), default=0)
+
+
+def rank_tensor_sizes(ctx: StepContext) -> list[list[float]]:
+    """Elements of each parameter tensor one TP rank of each pipeline rank holds: its chunks'
+    blocks from the inventory, the embedding's on the first chunk, the head's on the last (a
+    pipelined tied model's copy of the word table with it), as `memory.held_parameters` places
+    them. The inventory lays a GPT block out as Megatron-LM does (one fused QKV weight and bias).
+    Tensor parallelism splits the vocabulary tables and every tensor wider than the hidden size;
+    norms and the row-parallel projections' biases (hidden wide) stay whole. None for a profiled
+    module: []."""
     if ctx.profile is not None:
-        return 0
+        return []
     d, p = ctx.dims, ctx.parallel
+
+    def local(tensors) -> list[float]:
+        return [t.numel / p.tensor if t.vocab or t.numel > d.hidden else float(t.numel)
+                for t in tensors]
+
     first, *_, last = inventory.layers(d)
     ranges = chunk_ranges(d.total_layers, p)
-    per_rank = [0] * p.pipeline
+    per_rank: list[list[float]] = [[] for _ in range(p.pipeline)]
     for i, (a, b) in enumerate(ranges):
         enc, dec = chunk_blocks(d, a, b)
-        n = enc * len(inventory.block(d, kind=inventory.block_kind(d, False)).tensors)
-        n += dec * len(inventory.block(d, kind=inventory.block_kind(d, True)).tensors) if dec else 0
-        n += len(first.tensors) if i == 0 else 0
-        if i == len(ranges) - 1:       # the head; a pipelined tied model's copy of the word table
-            n += len(last.tensors) + (1 if d.tie_embeddings and len(ranges) > 1 else 0)
-        per_rank[i % p.pipeline] += n
-    return max(per_rank)
+        sizes = enc * local(inventory.block(d, kind=inventory.block_kind(d, False)).tensors)
+        if dec:
+            sizes += dec * local(inventory.block(d, kind=inventory.block_kind(d, True)).tensors)
+        if i == 0:
+            sizes += local(first.tensors)
+        if i == len(ranges) - 1:
+            sizes += local(last.tensors)
+            if d.tie_embeddings and len(ranges) > 1:
+                sizes += local(t for t in first.tensors if t.vocab)
+        per_rank[i % p.pipeline] += sizes
+    return per_rank
 
 
 # Small all-reduces every step makes outside the gradient reduction (Megatron-LM

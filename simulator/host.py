@@ -54,7 +54,7 @@ from partita.planner.provenance import load_by_provenance
 
 HOST_FILE = CALIBRATION_DIR / "host.yaml"
 KEYS = ("op_dispatch_us", "backward_op_dispatch_us", "launch_us", "launch_blocking_wait_us",
-        "unpad_op_dispatch_fraction", "source")
+        "unpad_op_dispatch_fraction", "optimizer_op_dispatch_fraction", "source")
 BACKWARD_KERNELS_PER_FORWARD = 2
 # The schedule whose measured work per action stands for another's: torch runs GPipe with 1F1B's
 # runtime (PipelineScheduleSingle) and zero bubble with interleaved 1F1B's (PipelineScheduleMulti),
@@ -83,6 +83,9 @@ class HostCosts:
     synchronous: bool = False                     # kernels run inside the call (a CPU device)
     # host time of an op of flash-attn's unpadding (simulator/unpad.py) per `op_dispatch_s`
     unpad_op_dispatch_fraction: float = 1.0
+    # host time of a no-grad op of a per-tensor optimizer loop (simulator/fp16optimizer.py) per
+    # `op_dispatch_s`
+    optimizer_op_dispatch_fraction: float = 1.0
     # per forward or backward of a pipeline stage, by the schedule measured (RUNTIME_OF for the rest)
     pipeline_action_s: dict[str, float] = field(default_factory=dict, hash=False)
     # host seconds per parameter tensor of one optimizer step, by optimizer (adam, sgd)
@@ -121,6 +124,12 @@ class HostCosts:
         """Host seconds before one op of the unpadding can run on the GPU: its dispatch (a small
         functional op, `unpad_op_dispatch_fraction` of a block kernel's) and its launch."""
         return self.unpad_op_dispatch_fraction * self.op_dispatch_s + self.launch_s
+
+    @property
+    def optimizer_op_s(self) -> float:
+        """Host seconds before one op of a per-tensor optimizer loop can run on the GPU: its
+        dispatch (`optimizer_op_dispatch_fraction` of a block kernel's) and its launch."""
+        return self.optimizer_op_dispatch_fraction * self.op_dispatch_s + self.launch_s
 
     def sync_stall(self, windows: Sequence[tuple[int, float]], blocking: bool) -> float:
         """Seconds the GPU idles around the host's waits for it (a nonzero's count, an .item()):
@@ -205,7 +214,7 @@ def _load(path: str, mtime: int) -> HostCosts:
         if key == "backward_op_dispatch_us" and key not in c.mapping:
             values[key] = None                            # as the forward's (op_dispatch_us)
             continue
-        if key == "unpad_op_dispatch_fraction":
+        if key in ("unpad_op_dispatch_fraction", "optimizer_op_dispatch_fraction"):
             values[key] = c.number(key, 1.0, positive=True, maximum=100.0)
             continue
         value = c.number(key, 0.0, positive=False)
@@ -215,7 +224,8 @@ def _load(path: str, mtime: int) -> HostCosts:
     return HostCosts(op_dispatch_s=values["op_dispatch_us"], launch_s=values["launch_us"],
                      launch_blocking_wait_s=values["launch_blocking_wait_us"],
                      backward_op_dispatch_s=values["backward_op_dispatch_us"],
-                     unpad_op_dispatch_fraction=values["unpad_op_dispatch_fraction"])
+                     unpad_op_dispatch_fraction=values["unpad_op_dispatch_fraction"],
+                     optimizer_op_dispatch_fraction=values["optimizer_op_dispatch_fraction"])
 
 
 def load_host_costs(path: str | Path = HOST_FILE) -> HostCosts:

@@ -46,7 +46,7 @@ KINDS: dict[str, frozenset[str]] = {
                             "training.recompute_early_stop", "training.micro_batch"}),
     "precision": frozenset({"training.precision", "training.micro_batch"}),
     "kernels": frozenset({"training.attention", "training.attention_softmax_fp32",
-                          "training.attention_unpad",
+                          "training.attention_unpad", "training.optimizer_impl",
                           "training.fused_elementwise", "training.fused_cross_entropy",
                           "training.norm_kernel", "training.rope_kernel", "training.micro_batch"}),
     "model": frozenset({"model.*", "training.micro_batch"}),

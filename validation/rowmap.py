@@ -151,6 +151,9 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
         training["fused_cross_entropy"] = True
     if rules.value(row, "attention_unpad", notes):
         training["attention_unpad"] = True
+    impl = rules.value(row, "optimizer_impl", notes)
+    if impl is not None and impl != "fused":
+        training["optimizer_impl"] = impl
     for key in ("norm_kernel", "rope_kernel"):
         form = rules.value(row, key, notes)
         if form is not None and form != "fused":
