@@ -25,3 +25,30 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture
 def update_golden(request: pytest.FixtureRequest) -> bool:
     return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture
+def simulate_error(tmp_path, capsys):
+    """`partita simulate` of a scenario document that must fail: exit 1 and one 'error:' line,
+    which it returns."""
+    import yaml
+    from partita.cli import main
+
+    def run(doc: dict) -> str:
+        path = tmp_path / "bad.yaml"
+        path.write_text(yaml.safe_dump(doc))
+        assert main(["simulate", str(path)]) == 1
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("error: "), err
+        return err[0]
+    return run
+
+
+@pytest.fixture(scope="session")
+def dev_scenarios() -> dict:
+    """The dev CSV's rows that map to a scenario, by row id (validation/rowmap.py)."""
+    from partita.validation import rowrules
+    from partita.validation.rowmap import map_row, read_rows
+    rules = rowrules.load_rules()
+    mapped = {row["id"]: map_row(row, rules) for row in read_rows()}
+    return {k: m.scenario for k, m in mapped.items() if hasattr(m, "scenario")}

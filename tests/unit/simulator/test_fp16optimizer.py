@@ -8,7 +8,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from partita.cli import main
 from partita.planner.catalog import load_catalog
 from partita.planner.scenario import parse_scenario
 from partita.simulator import fp16optimizer
@@ -89,8 +88,7 @@ def test_a_step_with_megatron_2019s_optimizer_pays_its_passes_and_waits():
         apex.breakdown_s["optimizer"] - fused.breakdown_s["optimizer"], rel=1e-6)
 
 
-def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(tmp_path, capsys):
-    import yaml
+def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(simulate_error):
     s = parse_scenario(_doc(optimizer_impl="apex-fp16-optimizer"))
     assert s.training.optimizer_impl == "apex-fp16-optimizer"
     assert parse_scenario(s.to_dict()).training.optimizer_impl == "apex-fp16-optimizer"
@@ -102,23 +100,14 @@ def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(tmp_path, caps
     cases = ((_doc(optimizer_impl="apex"), "fused, apex-fp16-optimizer"),
              (bf16, "training.precision is bf16"), (zero, "parallel.zero is 1"))
     for doc, words in cases:
-        path = tmp_path / "bad.yaml"
-        path.write_text(yaml.safe_dump(doc))
-        assert main(["simulate", str(path)]) == 1
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error: ")
-        assert "training.optimizer_impl" in err[0] and words in err[0]
+        err = simulate_error(doc)
+        assert "training.optimizer_impl" in err and words in err
 
 
-def test_megatron_2019_rows_map_with_it():
-    from partita.validation import rowrules
-    from partita.validation.rowmap import map_row, read_rows
-    rules = rowrules.load_rules()
-    for row in read_rows():
-        mapped = map_row(row, rules)
-        if row["source_key"] in ("SHO19", "NAR21") and hasattr(mapped, "scenario"):
-            impl = mapped.scenario.training.optimizer_impl
-            assert impl == ("apex-fp16-optimizer" if row["source_key"] == "SHO19" else "fused")
+def test_megatron_2019_rows_map_with_it(dev_scenarios):
+    impls = {k: s.training.optimizer_impl for k, s in dev_scenarios.items()}
+    assert {impls[k] for k in impls if k.startswith("SHO19")} == {"apex-fp16-optimizer"}
+    assert {impls[k] for k in impls if k.startswith("NAR21")} == {"fused"}
 
 
 def test_a_profiled_module_refuses_the_per_tensor_optimizer_and_the_unpadding():

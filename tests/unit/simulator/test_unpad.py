@@ -9,7 +9,6 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from partita.cli import main
 from partita.planner.activations import block_activation_bytes
 from partita.planner.catalog import load_catalog
 from partita.planner.hardware import GPU
@@ -148,29 +147,19 @@ def test_memory_keeps_one_more_attention_output_per_block():
     assert b > a
 
 
-def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(tmp_path, capsys):
-    import yaml
+def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(simulate_error):
     s = parse_scenario(_doc(attention_unpad=True))
     assert s.training.attention_unpad is True
     assert parse_scenario(s.to_dict()).training.attention_unpad is True
     assert "attention_unpad" not in parse_scenario(_doc()).to_dict()["training"]
-    cases = {"yes": "expected true or false", True: "only with attention flash, flash2 or flash1"}
-    for value, words in cases.items():
-        bad = _doc(attention_unpad=value)
-        if value is True:
-            bad["training"]["attention"] = "eager"
-        path = tmp_path / "bad.yaml"
-        path.write_text(yaml.safe_dump(bad))
-        assert main(["simulate", str(path)]) == 1
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and err[0].startswith("error: ")
-        assert "training.attention_unpad" in err[0] and words in err[0]
+    eager = _doc(attention_unpad=True)
+    eager["training"]["attention"] = "eager"
+    for doc, words in ((_doc(attention_unpad="yes"), "expected true or false"),
+                       (eager, "only with attention flash, flash2 or flash1")):
+        err = simulate_error(doc)
+        assert "training.attention_unpad" in err and words in err
 
 
-def test_the_llm_foundry_flash2_rows_map_with_unpadding():
-    from partita.validation import rowrules
-    from partita.validation.rowmap import map_row, read_rows
-    rules = rowrules.load_rules()
-    rows = {r["id"]: r for r in read_rows()}
-    assert map_row(rows["MPT-17"], rules).scenario.training.attention_unpad is True
-    assert map_row(rows["MPT-23"], rules).scenario.training.attention_unpad is False  # triton
+def test_the_llm_foundry_flash2_rows_map_with_unpadding(dev_scenarios):
+    assert dev_scenarios["MPT-17"].training.attention_unpad is True
+    assert dev_scenarios["MPT-23"].training.attention_unpad is False          # triton's kernel
