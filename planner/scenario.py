@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, GRAD_REDUCE, NORM_FORMS,
-                                   OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE,
-                                   REDUCE_DTYPES, ROPE_FORMS, SCHEDULES)
+from partita.planner.enums import (ARCHS, ATTENTION, FLASH_KERNELS, FRAMEWORKS, GRAD_REDUCE,
+                                   NORM_FORMS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE,
+                                   REDUCE_DTYPES, ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import ModelSpec, TransformerDims
 from partita.planner.paths import SCENARIOS_DIR
@@ -102,10 +102,12 @@ class TrainingSpec:
     rope_kernel: str = "fused"      # RoPE as one kernel | the eager forms: complex (fp32 complex
                                     # multiply: Meta's, torchtitan's) | rotate-half (Hugging Face's,
                                     # partita's executor) | matrix (fp32 2 x 2 rotations: fms)
-    attention_unpad: bool = False   # q, k, v unpadded into a variable-length flash kernel and its
-                                    # output padded back, flash-attn's bert_padding (llm-foundry's
-                                    # flash_attn_fn, Hugging Face's flash_attention_2 with a mask;
-                                    # simulator/unpad.py)
+    attention_unpad: str = "none"   # q, k, v unpadded into a variable-length flash kernel and its
+                                    # output padded back (flash-attn's bert_padding): none |
+                                    # per-tensor (llm-foundry's flash_attn_fn: the mask's indices
+                                    # for each of q, k, v) | per-layer (Hugging Face's
+                                    # flash_attention_2 with a mask: once per layer);
+                                    # simulator/unpad.py
     optimizer_impl: str = "fused"   # the mixed-precision optimizer's passes: fused (multi-tensor
                                     # kernels, one wait: Megatron-Core, DeepSpeed, torch's fused
                                     # AdamW) | apex-fp16-optimizer (Megatron-LM 2019's
@@ -215,8 +217,8 @@ class Scenario:
         for key in ("norm_kernel", "rope_kernel"):
             if getattr(t, key) != "fused":
                 out["training"][key] = getattr(t, key)
-        if t.attention_unpad:
-            out["training"]["attention_unpad"] = True
+        if t.attention_unpad != "none":
+            out["training"]["attention_unpad"] = t.attention_unpad
         if t.optimizer_impl != "fused":
             out["training"]["optimizer_impl"] = t.optimizer_impl
         if self.parallel is not None:
@@ -403,15 +405,16 @@ def _optimizer_impl(c: Checker) -> str:
     return impl
 
 
-def _attention_unpad(c: Checker) -> bool:
+def _attention_unpad(c: Checker) -> str:
     """training.attention_unpad: only around a flash kernel (attention flash, flash2 or flash1),
     the variable-length kernel the unpadded q, k and v go to."""
-    value = c.bool("attention_unpad", False)
+    form = c.choice("attention_unpad", UNPAD_FORMS, "none")
     attention = c.mapping.get("attention", "flash")
-    if value and attention in ("eager", "unfused"):
+    if form != "none" and attention not in FLASH_KERNELS:
         raise c.error(f"only with attention flash, flash2 or flash1 (attention is {attention}: "
-                      f"stored-score attention takes the padded batch), got true", "attention_unpad")
-    return value
+                      f"stored-score attention takes the padded batch), got {form}",
+                      "attention_unpad")
+    return form
 
 
 def _softmax_fp32(c: Checker) -> bool:
@@ -505,8 +508,9 @@ def check_kernel_forms(training: TrainingSpec, dims: TransformerDims | None,
         raise PartitaError(f"{where}training.optimizer_impl: {training.optimizer_impl} goes "
                            f"through the model's parameter tensors one by one, which a "
                            f"model.module's profile does not list; remove the key")
-    if training.attention_unpad and dims is None:
-        raise PartitaError(f"{where}training.attention_unpad: true is for a model given by its "
+    if training.attention_unpad != "none" and dims is None:
+        raise PartitaError(f"{where}training.attention_unpad: {training.attention_unpad} is for "
+                           f"a model given by its "
                            f"dimensions, not a model.module, whose profile times its own kernels; "
                            f"remove the key")
 

@@ -241,7 +241,7 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
                 *, decoder: bool = False, attention: str = "flash",
                 fused_elementwise: bool = True, softmax_fp32: bool = False,
                 norm_kernel: str = "fused", rope_kernel: str = "fused",
-                early_stop: bool = False, attention_unpad: bool = False) -> LayerTimes:
+                early_stop: bool = False, attention_unpad: str = "none") -> LayerTimes:
     """One transformer block (a t5 decoder block with decoder=True) for one micro-batch.
 
     attention "flash": one fused kernel that never stores the scores (Dao et al. 2022), the GPU's
@@ -257,8 +257,9 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     `_unfused_attention`); `norm_kernel` "eager", `rope_kernel` "complex", "rotate-half" or
     "matrix": the RMSNorms and RoPE as PyTorch ops, at their measured traffic
     (`simulator.eagerops`). `early_stop`: full recompute stops where the block's last saved
-    tensor is saved again (`early_stop_skip`). `attention_unpad`: q, k and v are unpadded and the
-    output padded around a variable-length flash kernel (`unpad_times`)."""
+    tensor is saved again (`early_stop_skip`). `attention_unpad` ("per-tensor", "per-layer"): q, k
+    and v are unpadded and the output padded around a variable-length flash kernel
+    (`unpad_times`)."""
     if recompute not in RECOMPUTE:
         raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
                            f"got {recompute!r}")
@@ -293,8 +294,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
                                             rope=rope_kernel)
     ew_f = _elementwise(ew_bytes + eager_f, gpu, g)
     ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes + eager_b, gpu, g)
-    if attention_unpad:
-        pad_f, pad_b = unpad_times(dims, micro_batch, tp, cp, precision, gpu, g)
+    if attention_unpad != "none":
+        pad_f, pad_b = unpad_times(dims, micro_batch, tp, cp, precision, gpu, g, attention_unpad)
         ew_f, ew_b = ew_f + pad_f, ew_b + pad_b
     fwd = gemm_f + attn_f + ew_f
     redo_gemm = 0.0
@@ -328,14 +329,14 @@ def unpad_gather_times(dims: TransformerDims, micro_batch: int, tp: int, cp: int
 
 
 def unpad_times(dims: TransformerDims, micro_batch: int, tp: int, cp: int, precision: str,
-                gpu: GPU, g: GpuCalibration) -> tuple[float, float]:
+                gpu: GPU, g: GpuCalibration, form: str) -> tuple[float, float]:
     """(forward, backward) device seconds of one block's unpadding and padding around a
-    variable-length flash kernel (`simulator.unpad`): the gathers, the output's zero-fill and
+    variable-length flash kernel in `form` (`simulator.unpad`): the gathers, the output's zero-fill and
     index-put, the kernels over the mask (each at the kernel floor), and their backwards."""
     b = unpad.unpad_bytes(dims, micro_batch, tp, cp, element_bytes(precision))
     fwd = (sum(unpad_gather_times(dims, micro_batch, tp, cp, precision, gpu, g))
            + sum(_elementwise(n, gpu, g) for n in b.pad_forward)
-           + unpad.small_forward_kernels() * g.kernel_floor_s)
+           + unpad.small_forward_kernels(form) * g.kernel_floor_s)
     return fwd, sum(_elementwise(n, gpu, g) for n in b.backward)
 
 

@@ -344,6 +344,7 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
             flash_attention=flash_attention, framework=training.framework,
             softmax_fp32=training.attention_softmax_fp32 and training.attention == "eager",
             fused_loss=training.fused_cross_entropy, recomputed=recomputed,
-            eager_norm=training.norm_kernel == "eager", attention_unpad=training.attention_unpad,
+            eager_norm=training.norm_kernel == "eager",
+            attention_unpad=training.attention_unpad != "none",
             activation_model=activation_model))
     return tuple(out)

@@ -160,16 +160,17 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
     recomputed, replayed = _recompute_kernels(env, decoder, recompute, kf)
     kb = BACKWARD_KERNELS_PER_FORWARD * kf
     ahead, windows = kf, ()
-    if t.attention_unpad:
+    if t.attention_unpad != "none":
+        form = t.attention_unpad
         kb += unpad.BACKWARD_KERNELS
         if host.synchronous or t.launch_blocking:
-            ahead += unpad.forward_kernels()           # every op waits for its kernel anyway
+            ahead += unpad.forward_kernels(form)       # every op waits for its kernel anyway
         else:
             d, g = env.ctx.dims, env.cal.gpu(env.ctx.system.gpu.name)
             gathers = unpad_gather_times(d, t.micro_batch, p.tensor, p.context, t.precision,
                                          env.ctx.system.gpu, g)
-            windows = unpad.sync_windows(gathers, g.kernel_floor_s)
-            ahead += unpad.ahead_ops() - 1             # the flash kernel ends the last window
+            windows = unpad.sync_windows(gathers, g.kernel_floor_s, form)
+            ahead += unpad.ahead_ops(form) - 1         # the flash kernel ends the last window
         if recompute in WHOLE_FORWARD_AGAIN:
             recomputed += ahead - kf
     in_windows = sum(dev for _, dev in windows)

@@ -1,19 +1,23 @@
 """Unpadding around a variable-length flash attention kernel: its op stream, bytes and host waits.
 
-`training.attention_unpad: true` is attention as llm-foundry's `flash_attn_fn` runs it
-(llmfoundry/models/layers/attention.py at 5e85bd62d, the commit of its H100 benchmark tables) and
-as Hugging Face's flash_attention_2 does with an attention mask: q, k and v each pass through
-flash-attn's `bert_padding.unpad_input` (flash_attn/bert_padding.py, v2.4.2) into
-`flash_attn_varlen_func`, and the kernel's output through `pad_input` back to (batch, seq).
-One `unpad_input` call runs, in order (`UNPAD_CALL`):
+`training.attention_unpad` runs attention through flash-attn's variable-length kernel
+(`flash_attn_varlen_func`) on unpadded q, k and v, and pads the output back to (batch, seq) with
+flash-attn's `bert_padding.pad_input` (flash_attn/bert_padding.py, v2.4.2). Unpadding a tensor
+takes the mask's indices (`INDICES`):
 
     attention_mask.sum(-1)                             a kernel
     torch.nonzero(attention_mask.flatten())            a kernel; the host waits for its count
     seqlens.max(), .item()                             a kernel, and a copy the host waits for
     torch.cumsum(seqlens), F.pad(...)                  two kernels
-    torch.gather(x, 0, indices expanded over the row)  reads and writes every element of x
 
-and `pad_input` zero-fills a (batch * seq) x width tensor and index-puts the rows into it.
+and a gather, `torch.gather(x, 0, indices expanded over the row)`, which reads and writes every
+element of x. `pad_input` zero-fills a (batch * seq) x width tensor and index-puts the rows into
+it. Two forms (`FORMS`):
+- `per-tensor`: llm-foundry's `flash_attn_fn` (llmfoundry/models/layers/attention.py at 5e85bd62d,
+  the commit of its H100 benchmark tables) calls `bert_padding.unpad_input` on each of q, k and v,
+  the indices and a gather each time (`UNPAD_CALL`): six waits per block forward;
+- `per-layer`: Hugging Face's flash_attention_2 with an attention mask (`_upad_input`) takes the
+  indices once per layer (`_get_unpad_data`) and gathers q, k and v with them: two waits.
 Backward, through flash-attn's IndexPutFirstAxis and IndexFirstAxis: the output's gradient is
 gathered (`grad_output[indices]`) and each of q's, k's and v's is zero-filled and scattered.
 
@@ -25,8 +29,8 @@ Two costs follow from that code, neither fitted:
 - host waits (`sync_windows`): a nonzero or an .item() returns only when the GPU has run
   everything queued before it, so the GPU then idles while the host issues the ops up to the next
   wait (each a dispatch and a launch, `simulator.host`), less the device work those ops bring.
-  The last window ends when the host has issued the flash kernel. Six waits per block forward,
-  and again in a recompute of it.
+  The last window ends when the host has issued the flash kernel; a recompute of the block's
+  forward waits again.
 """
 from __future__ import annotations
 
@@ -46,10 +50,13 @@ class PaddingOp:
     gather: bool = False
 
 
-UNPAD_CALL = (PaddingOp("sum"), PaddingOp("nonzero", waits=True), PaddingOp("max"),
-              PaddingOp("item", kernel=False, waits=True), PaddingOp("cumsum"), PaddingOp("pad"),
-              PaddingOp("gather", gather=True))
-UNPADDED = ("q", "k", "v")                      # unpad_input calls per block forward, in order
+INDICES = (PaddingOp("sum"), PaddingOp("nonzero", waits=True), PaddingOp("max"),
+           PaddingOp("item", kernel=False, waits=True), PaddingOp("cumsum"), PaddingOp("pad"))
+GATHER = PaddingOp("gather", gather=True)
+UNPAD_CALL = INDICES + (GATHER,)                # bert_padding.unpad_input
+UNPADDED = ("q", "k", "v")                      # the tensors gathered per block forward, in order
+FORMS = {"per-tensor": UNPAD_CALL * len(UNPADDED),
+         "per-layer": INDICES + (GATHER,) * len(UNPADDED)}
 PAD_FORWARD_KERNELS = 2                         # pad_input: zeros, index_put
 BACKWARD_KERNELS = 1 + 2 * len(UNPADDED)        # the output's gather; zeros + scatter per input
 
@@ -76,31 +83,32 @@ def unpad_bytes(dims: TransformerDims, micro_batch: int, tp: int, cp: int,
                       backward=backward)
 
 
-def forward_ops() -> tuple[PaddingOp, ...]:
+def forward_ops(form: str) -> tuple[PaddingOp, ...]:
     """The unpadding's host-issued ops of one block forward, before the flash kernel."""
-    return UNPAD_CALL * len(UNPADDED)
+    return FORMS[form]
 
 
-def forward_kernels() -> int:
+def forward_kernels(form: str) -> int:
     """Device kernels of one block forward's unpadding and padding."""
-    return sum(op.kernel for op in forward_ops()) + PAD_FORWARD_KERNELS
+    return sum(op.kernel for op in forward_ops(form)) + PAD_FORWARD_KERNELS
 
 
-def small_forward_kernels() -> int:
+def small_forward_kernels(form: str) -> int:
     """Of those, the kernels over the mask and its counts (a few hundred elements at most)."""
-    return sum(op.kernel and not op.gather for op in forward_ops())
+    return sum(op.kernel and not op.gather for op in forward_ops(form))
 
 
-def ahead_ops() -> int:
+def ahead_ops(form: str) -> int:
     """Host-issued ops of one block forward's unpadding that the host issues ahead of the GPU, as
     it does the block's other ops: those before the first wait, and pad_input's after the flash
     kernel. The rest are issued inside `sync_windows`."""
-    ops = forward_ops()
+    ops = forward_ops(form)
     first_wait = next(i for i, op in enumerate(ops) if op.waits)
     return first_wait + 1 + PAD_FORWARD_KERNELS
 
 
-def sync_windows(gather_s: tuple[float, ...], floor_s: float) -> tuple[tuple[int, float], ...]:
+def sync_windows(gather_s: tuple[float, ...], floor_s: float,
+                 form: str) -> tuple[tuple[int, float], ...]:
     """(host ops, device seconds) of each stretch after a wait, up to and including the next
     waiting op, the last one up to and including the flash kernel's launch. `gather_s`: device
     seconds of the q, k and v gathers; `floor_s`: a small kernel's device time."""
@@ -108,7 +116,7 @@ def sync_windows(gather_s: tuple[float, ...], floor_s: float) -> tuple[tuple[int
     ops = dev = 0
     started = False
     gathers = iter(gather_s)
-    for op in forward_ops():
+    for op in forward_ops(form):
         if started:
             ops += 1
             dev += next(gathers) if op.gather else (floor_s if op.kernel else 0.0)

@@ -149,8 +149,9 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
         training["attention_softmax_fp32"] = True
     if rules.value(row, "fused_cross_entropy", notes):
         training["fused_cross_entropy"] = True
-    if rules.value(row, "attention_unpad", notes):
-        training["attention_unpad"] = True
+    unpad = rules.value(row, "attention_unpad", notes)
+    if unpad is not None and unpad != "none":
+        training["attention_unpad"] = unpad
     impl = rules.value(row, "optimizer_impl", notes)
     if impl is not None and impl != "fused":
         training["optimizer_impl"] = impl

@@ -13,7 +13,8 @@ from typing import Any
 
 from partita.planner.documents import Checker, load_document
 from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, NORM_FORMS, OPTIMIZER_IMPLS,
-                                   PRECISIONS, RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES)
+                                   PRECISIONS, RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES,
+                                   UNPAD_FORMS)
 from partita.planner.paths import VALIDATION_DIR
 from partita.validation.metrics import CONVENTIONS
 
@@ -67,7 +68,7 @@ _SETTING_CHECKS = {
     "mlm_predictions": ("int", None), "norm_kernel": ("choice", NORM_FORMS),
     "rope_kernel": ("choice", ROPE_FORMS), "arch": ("choice", ARCHS),
     "recompute_early_stop": ("bool", None), "dropout": ("bool", None),
-    "attention_unpad": ("bool", None), "optimizer_impl": ("choice", OPTIMIZER_IMPLS),
+    "attention_unpad": ("choice", UNPAD_FORMS), "optimizer_impl": ("choice", OPTIMIZER_IMPLS),
 }
 
 

@@ -116,7 +116,7 @@ def test_a_profiled_module_refuses_the_per_tensor_optimizer_and_the_unpadding():
     for training, key in ((TrainingSpec(global_batch=8, precision="fp16",
                                         optimizer_impl="apex-fp16-optimizer"),
                            "training.optimizer_impl"),
-                          (TrainingSpec(global_batch=8, attention_unpad=True),
+                          (TrainingSpec(global_batch=8, attention_unpad="per-tensor"),
                            "training.attention_unpad")):
         with pytest.raises(PartitaError, match=key):
             check_kernel_forms(training, None)

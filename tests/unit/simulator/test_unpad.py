@@ -60,14 +60,26 @@ def test_the_op_list_is_the_aten_stream_of_unpad_input():
 
 
 def test_six_waits_split_a_block_forward_into_windows_that_end_at_the_flash_kernel():
-    windows = unpad.sync_windows((1e-4, 2e-4, 3e-4), floor_s=1e-6)
+    windows = unpad.sync_windows((1e-4, 2e-4, 3e-4), 1e-6, "per-tensor")
     assert [ops for ops, _ in windows] == [2, 5, 2, 5, 2, 4]
     # q's gather runs after q's .item(), k's after k's, v's in the last window before the kernel
     assert [dev for _, dev in windows] == pytest.approx(
         [1e-6, 1e-4 + 4e-6, 1e-6, 2e-4 + 4e-6, 1e-6, 3e-4 + 2e-6])
-    assert sum(ops for ops, _ in windows) + unpad.ahead_ops() - 1 == (
-        len(unpad.forward_ops()) + unpad.PAD_FORWARD_KERNELS)
-    assert unpad.forward_kernels() == 3 * 6 + 2 and unpad.small_forward_kernels() == 15
+    for form in unpad.FORMS:
+        windows = unpad.sync_windows((1e-4, 2e-4, 3e-4), 1e-6, form)
+        assert sum(ops for ops, _ in windows) + unpad.ahead_ops(form) - 1 == (
+            len(unpad.forward_ops(form)) + unpad.PAD_FORWARD_KERNELS)
+    assert unpad.forward_kernels("per-tensor") == 3 * 6 + 2
+    assert unpad.small_forward_kernels("per-tensor") == 15
+
+
+def test_hugging_faces_form_takes_the_indices_once_and_waits_twice():
+    """transformers' _upad_input: _get_unpad_data once per layer, then q, k and v gathered."""
+    windows = unpad.sync_windows((1e-4, 2e-4, 3e-4), 1e-6, "per-layer")
+    assert [ops for ops, _ in windows] == [2, 6]            # max, .item(); cumsum, pad, 3 gathers,
+    assert [dev for _, dev in windows] == pytest.approx([1e-6, 6e-4 + 2e-6])   # the flash kernel
+    assert unpad.forward_kernels("per-layer") == 5 + 3 + 2
+    assert unpad.small_forward_kernels("per-layer") == 5
 
 
 def test_bytes_count_q_k_v_and_the_output_with_grouped_kv_heads():
@@ -86,8 +98,8 @@ def test_unpadding_adds_memory_traffic_to_the_block_and_nothing_else(shipped):
                         dropout=False)
     plain = layer_times(d, 4, 1, False, 1, "bf16", "full", H100, shipped, attention="flash2")
     padded = layer_times(d, 4, 1, False, 1, "bf16", "full", H100, shipped, attention="flash2",
-                         attention_unpad=True)
-    f, b = unpad_times(d, 4, 1, 1, "bf16", H100, shipped.gpu(H100.name))
+                         attention_unpad="per-tensor")
+    f, b = unpad_times(d, 4, 1, 1, "bf16", H100, shipped.gpu(H100.name), "per-tensor")
     assert padded.fwd_s == pytest.approx(plain.fwd_s + f) and padded.bwd_s == pytest.approx(
         plain.bwd_s + b)
     assert padded.recompute_s == pytest.approx(plain.recompute_s + f)      # the forward again
@@ -122,15 +134,19 @@ def _doc(**training) -> dict:
 def test_a_step_with_unpadding_pays_its_traffic_and_its_waits():
     cat = load_catalog()
     plain = simulate(parse_scenario(_doc()), cat)
-    padded = simulate(parse_scenario(_doc(attention_unpad=True)), cat)
-    blocking = simulate(parse_scenario(_doc(attention_unpad=True, launch_blocking=True)), cat)
+    padded = simulate(parse_scenario(_doc(attention_unpad="per-tensor")), cat)
+    shared = simulate(parse_scenario(_doc(attention_unpad="per-layer")), cat)
+    blocking = simulate(parse_scenario(_doc(attention_unpad="per-tensor", launch_blocking=True)),
+                        cat)
+    assert plain.step_time_s < shared.step_time_s < padded.step_time_s
     assert padded.step_time_s > plain.step_time_s
     assert padded.breakdown_s["host"] > plain.breakdown_s.get("host", 0.0)
     assert padded.breakdown_s["compute"] > plain.breakdown_s["compute"]
     # 1b-class GPT at 24k tokens per micro-batch: a few percent, not a constant
     assert 0.02 < padded.step_time_s / plain.step_time_s - 1 < 0.15
     assert blocking.step_time_s > padded.step_time_s
-    recomputed = simulate(parse_scenario(_doc(attention_unpad=True, recompute="full")), cat)
+    recomputed = simulate(parse_scenario(_doc(attention_unpad="per-tensor", recompute="full")),
+                          cat)
     plain_full = simulate(parse_scenario(_doc(recompute="full")), cat)
     assert (recomputed.breakdown_s["host"] - plain_full.breakdown_s.get("host", 0.0)
             > padded.breakdown_s["host"] - plain.breakdown_s.get("host", 0.0))
@@ -143,23 +159,23 @@ def test_memory_keeps_one_more_attention_output_per_block():
     assert block_activation_bytes(d, 4, tp=2, attention_unpad=True) - base == 2 * 4 * 2048 * 1024
     cat = load_catalog()
     a = simulate(parse_scenario(_doc()), cat).peak_memory_gib
-    b = simulate(parse_scenario(_doc(attention_unpad=True)), cat).peak_memory_gib
+    b = simulate(parse_scenario(_doc(attention_unpad="per-layer")), cat).peak_memory_gib
     assert b > a
 
 
 def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(simulate_error):
-    s = parse_scenario(_doc(attention_unpad=True))
-    assert s.training.attention_unpad is True
-    assert parse_scenario(s.to_dict()).training.attention_unpad is True
+    s = parse_scenario(_doc(attention_unpad="per-layer"))
+    assert s.training.attention_unpad == "per-layer"
+    assert parse_scenario(s.to_dict()).training.attention_unpad == "per-layer"
     assert "attention_unpad" not in parse_scenario(_doc()).to_dict()["training"]
-    eager = _doc(attention_unpad=True)
+    eager = _doc(attention_unpad="per-tensor")
     eager["training"]["attention"] = "eager"
-    for doc, words in ((_doc(attention_unpad="yes"), "expected true or false"),
+    for doc, words in ((_doc(attention_unpad=True), "none, per-tensor, per-layer"),
                        (eager, "only with attention flash, flash2 or flash1")):
         err = simulate_error(doc)
         assert "training.attention_unpad" in err and words in err
 
 
 def test_the_llm_foundry_flash2_rows_map_with_unpadding(dev_scenarios):
-    assert dev_scenarios["MPT-17"].training.attention_unpad is True
-    assert dev_scenarios["MPT-23"].training.attention_unpad is False          # triton's kernel
+    assert dev_scenarios["MPT-17"].training.attention_unpad == "per-tensor"
+    assert dev_scenarios["MPT-23"].training.attention_unpad == "none"         # triton's kernel
