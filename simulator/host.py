@@ -2,33 +2,35 @@
 
 Every kernel-launching PyTorch operator costs the host `op_dispatch_s` in the forward (Python,
 module calls, dispatcher, autograd recording, the view and layout ops around it) and
-`backward_op_dispatch_s` in the backward (the autograd engine's node), both measured per kernel on
-a whole transformer block on a GPU machine's host (benchmarks/gpu_prediction.py --host; on `local`,
-`partita calibrate` measures this machine's), and each kernel a launch
-(`launch_s`) before the GPU can run it (data/calibration/host.yaml). Launches
-are asynchronous, so the host runs ahead while the GPU works: a block pass costs
-max(device, host) and the host is exposed only where it is the bottleneck (small models, small
-micro-batches). With CUDA_LAUNCH_BLOCKING=1 (`training.launch_blocking`) every launch waits for its
-kernel, so each kernel's host time and a synchronisation wait (`launch_blocking_wait_s`) add to the
-device time. Where the host waits for the GPU mid-block (flash-attn's unpadding: a nonzero's count,
-an `.item()`; `simulator.unpad`), the GPU idles from each wait's return until the host has issued
-the ops up to the next one (`sync_stall`). On a device whose kernels run inside the dispatching call (a CPU: `synchronous`,
-`partita calibrate` on a machine without CUDA) nothing overlaps either: the host's time beyond the
-kernel's own adds to it. An optimizer step costs the host `optimizer_step_per_tensor_s` per
-parameter tensor where the optimizer loops over tensors (torch's single-tensor implementations,
-which torch picks for CPU tensors); the multi-tensor and fused optimizers of GPU training launch a
-few kernels for all tensors together and none is charged. A pipeline schedule's own work per
-action (posting and waiting on sends and receives, bookkeeping: `pipeline_action_s`, found by
-`partita calibrate` for each runtime of the executor's torch.distributed.pipelining schedules,
-executor/pipeline_fit.py) adds to each stage's forward and backward. On a machine whose cores are
-all busy computing (`partita calibrate` on a CPU with as many processes as cores), each action's
-exchange also waits for the receiving process's communication thread to get a core (gloo moves
-bytes on a thread of its own): until the scheduler preempts the compute, up to a scheduler tick
-(4 ms at CONFIG_HZ=250). The wait grows with the compute the thread competes with;
-`handoff_stall_s` holds it as measured by compute (executor.hostbench `handoff_stall`) and an
-action of a schedule that exchanges as that benchmark does (FUSED_EXCHANGE) pays it at its own
-compute time; for torch's multi-stage runtime the stall of its separate waits is not told apart
-from its measured work per action (README, `local`).
+`backward_op_dispatch_s` in the backward (the autograd engine's node), both measured per kernel on a
+whole transformer block on a GPU machine's host (benchmarks/gpu_prediction.py --host; on `local`,
+`partita calibrate` measures this machine's), and each kernel a launch (`launch_s`) before the GPU
+can run it (data/calibration/host.yaml). Launches are asynchronous, so the host runs ahead while the
+GPU works: a block pass costs max(device, host) and the host is exposed only where it is the
+bottleneck (small models, small micro-batches). With CUDA_LAUNCH_BLOCKING=1
+(`training.launch_blocking`) every launch waits for its kernel, so each kernel's host time and a
+synchronisation wait (`launch_blocking_wait_s`) add to the device time. Where the host waits for the
+GPU mid-block (flash-attn's unpadding: a nonzero's count, an `.item()`; `simulator.unpad`), the GPU
+idles from each wait's return until the host has issued the ops up to the next one (`sync_stall`).
+On a device whose kernels run inside the dispatching call (a CPU: `synchronous`, `partita calibrate`
+on a machine without CUDA) nothing overlaps either: the host's time beyond the kernel's own adds to
+it. An optimizer step costs the host `optimizer_step_per_tensor_s` per parameter tensor where the
+optimizer loops over tensors (torch's single-tensor implementations, which torch picks for CPU
+tensors); the multi-tensor and fused optimizers of GPU training launch a few kernels for all tensors
+together and none is charged. Megatron-LM 2019's FP16_Optimizer loops over them pass by pass and
+waits for the GPU twice per tensor (`simulator.fp16optimizer`), its ops at `optimizer_op_s` each;
+the unpadding's at `unpad_op_s`: small functional ops, each a measured fraction of a block kernel's
+dispatch. A pipeline schedule's own work per action (posting and waiting on sends and receives,
+bookkeeping: `pipeline_action_s`, found by `partita calibrate` for each runtime of the executor's
+torch.distributed.pipelining schedules, executor/pipeline_fit.py) adds to each stage's forward and
+backward. On a machine whose cores are all busy computing (`partita calibrate` on a CPU with as many
+processes as cores), each action's exchange also waits for the receiving process's communication
+thread to get a core (gloo moves bytes on a thread of its own): until the scheduler preempts the
+compute, up to a scheduler tick (4 ms at CONFIG_HZ=250). The wait grows with the compute the thread
+competes with; `handoff_stall_s` holds it as measured by compute (executor.hostbench
+`handoff_stall`) and an action of a schedule that exchanges as that benchmark does (FUSED_EXCHANGE)
+pays it at its own compute time; for torch's multi-stage runtime the stall of its separate waits is
+not told apart from its measured work per action (README, `local`).
 
 Kernels per block forward (`forward_kernels`), counted from Megatron-LM's GPT block
 (megatron/core/transformer/transformer_layer.py with its fused kernels): two layer norms, four GEMMs
@@ -117,7 +119,6 @@ class HostCosts:
         if blocking:
             return host + (kernels + backward_kernels) * self.launch_blocking_wait_s
         return max(0.0, host - device_s)
-
 
     @property
     def unpad_op_s(self) -> float:
