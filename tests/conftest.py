@@ -52,3 +52,39 @@ def dev_scenarios() -> dict:
     rules = rowrules.load_rules()
     mapped = {row["id"]: map_row(row, rules) for row in read_rows()}
     return {k: m.scenario for k, m in mapped.items() if hasattr(m, "scenario")}
+
+
+@pytest.fixture
+def aten_ops():
+    """Runs `fn()` under a TorchDispatchMode and returns the aten ops it ran, by name, in order."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.append(func.__name__.split(".")[0])
+            return func(*args, **(kwargs or {}))
+
+    def run(fn) -> list[str]:
+        with Ops() as seen:
+            fn()
+        return seen.names
+    return run
+
+
+@pytest.fixture
+def training_key_round_trip():
+    """For a scenario document and a `training` key: the key's value after parsing, the value
+    after writing the scenario back and parsing it again, and whether the written document holds
+    the key at all (a default is left out)."""
+    from partita.planner.scenario import parse_scenario
+
+    def run(doc: dict, key: str) -> tuple:
+        s = parse_scenario(doc)
+        written = s.to_dict()["training"]
+        return (getattr(s.training, key), getattr(parse_scenario(s.to_dict()).training, key),
+                key in written)
+    return run

@@ -6,7 +6,6 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from partita.planner.catalog import load_catalog
 from partita.planner.scenario import parse_scenario
@@ -15,28 +14,17 @@ from partita.simulator.host import HostCosts
 from partita.simulator.step import simulate
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
-
-
-def test_the_benchmarked_passes_are_the_modelled_ones_op_for_op():
+def test_the_benchmarked_passes_are_the_modelled_ones_op_for_op(aten_ops):
     """benchmarks/bench_host_dispatch.py times FP16_Optimizer's per-tensor ops (the Adam kernel
     aside) to measure their host cost: the same ops, in the same passes, as `PASSES` counts."""
     from benchmarks.bench_host_dispatch import FP16_OPTIMIZER_OPS, fp16_optimizer_passes
     grads = [torch.ones(3, dtype=torch.float16)]
     master = [torch.ones(3)]
     master[0].grad = torch.zeros(3)
-    with _Ops() as seen:
-        fp16_optimizer_passes(grads, master, 0.5)
+    seen = aten_ops(lambda: fp16_optimizer_passes(grads, master, 0.5))
     names = {"_to_copy": "float", "sum": "sum", "_local_scalar_dense": "item", "copy_": "copy_",
              "mul_": "mul_", "linalg_vector_norm": "norm"}
-    assert [names.get(o, o) for o in seen.ops] == list(FP16_OPTIMIZER_OPS)
+    assert [names.get(o, o) for o in seen] == list(FP16_OPTIMIZER_OPS)
     modelled = [p for p in fp16optimizer.PASSES if p.name != "adam"]
     assert sum(p.ops for p in modelled) == len(FP16_OPTIMIZER_OPS)
     assert [p.name for p in fp16optimizer.PASSES if p.waits] == ["overflow check", "norm"]
@@ -88,11 +76,11 @@ def test_a_step_with_megatron_2019s_optimizer_pays_its_passes_and_waits():
         apex.breakdown_s["optimizer"] - fused.breakdown_s["optimizer"], rel=1e-6)
 
 
-def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(simulate_error):
-    s = parse_scenario(_doc(optimizer_impl="apex-fp16-optimizer"))
-    assert s.training.optimizer_impl == "apex-fp16-optimizer"
-    assert parse_scenario(s.to_dict()).training.optimizer_impl == "apex-fp16-optimizer"
-    assert "optimizer_impl" not in parse_scenario(_doc()).to_dict()["training"]
+def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(simulate_error,
+                                                                  training_key_round_trip):
+    apex = "apex-fp16-optimizer"
+    assert training_key_round_trip(_doc(optimizer_impl=apex), "optimizer_impl") == (apex, apex, True)
+    assert training_key_round_trip(_doc(), "optimizer_impl") == ("fused", "fused", False)
     bf16 = _doc(optimizer_impl="apex-fp16-optimizer")
     bf16["training"]["precision"] = "bf16"
     zero = _doc(optimizer_impl="apex-fp16-optimizer")

@@ -7,7 +7,6 @@ import dataclasses
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from partita.planner.activations import block_activation_bytes
 from partita.planner.catalog import load_catalog
@@ -29,30 +28,18 @@ def shipped():
     return load_calibration(include_local=False)
 
 
-class _Ops(TorchDispatchMode):
-    def __init__(self):
-        super().__init__()
-        self.ops: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.ops.append(func.__name__.split(".")[0])
-        return func(*args, **(kwargs or {}))
-
-
 # aten ops that only make views or metadata (no kernel, no copy)
 VIEWS = {"view", "_reshape_alias", "reshape", "expand", "unsqueeze", "squeeze", "slice", "select",
          "detach", "alias", "t", "transpose", "as_strided", "lift_fresh", "_unsafe_view"}
 
 
-def test_the_op_list_is_the_aten_stream_of_unpad_input():
+def test_the_op_list_is_the_aten_stream_of_unpad_input(aten_ops):
     """`unpad.UNPAD_CALL` lists what flash-attn's unpad_input (as benchmarks/bench_host_dispatch.py
     writes it, op for op) runs: a reduction, nonzero, max, the scalar read, cumsum, pad, gather."""
     from benchmarks.bench_host_dispatch import unpad_input
     x = torch.randn(2, 8, 4, requires_grad=True)
     mask = torch.ones(2, 8, dtype=torch.bool)
-    with _Ops() as seen:
-        unpad_input(x, mask)
-    ops = [o for o in seen.ops if o not in VIEWS]
+    ops = [o for o in aten_ops(lambda: unpad_input(x, mask)) if o not in VIEWS]
     names = {"sum": "sum", "nonzero": "nonzero", "max": "max", "_local_scalar_dense": "item",
              "cumsum": "cumsum", "constant_pad_nd": "pad", "gather": "gather"}
     assert [names.get(o, o) for o in ops] == [op.name for op in unpad.UNPAD_CALL]
@@ -163,11 +150,12 @@ def test_memory_keeps_one_more_attention_output_per_block():
     assert b > a
 
 
-def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(simulate_error):
-    s = parse_scenario(_doc(attention_unpad="per-layer"))
-    assert s.training.attention_unpad == "per-layer"
-    assert parse_scenario(s.to_dict()).training.attention_unpad == "per-layer"
-    assert "attention_unpad" not in parse_scenario(_doc()).to_dict()["training"]
+def test_scenario_key_round_trips_and_bad_uses_are_one_error_line(simulate_error,
+                                                                  training_key_round_trip):
+    for form in ("per-tensor", "per-layer"):
+        assert training_key_round_trip(_doc(attention_unpad=form), "attention_unpad") == (
+            form, form, True)
+    assert training_key_round_trip(_doc(), "attention_unpad") == ("none", "none", False)
     eager = _doc(attention_unpad="per-tensor")
     eager["training"]["attention"] = "eager"
     for doc, words in ((_doc(attention_unpad=True), "none, per-tensor, per-layer"),
