@@ -701,6 +701,22 @@ def test_host_yaml_without_a_backward_dispatch_uses_the_forwards(tmp_path):
     assert load_host_costs(f).per_backward_kernel_s == pytest.approx(3e-6)
 
 
+def test_host_yaml_op_fractions_default_to_one_and_a_bad_one_names_the_file_and_key(tmp_path):
+    from partita.planner.errors import PartitaError
+    from partita.simulator.host import load_host_costs
+    f = tmp_path / "host.yaml"
+    f.write_text("op_dispatch_us: 4.0\nlaunch_us: 1.0\n")
+    host = load_host_costs(f)
+    assert host.unpad_op_dispatch_fraction == host.optimizer_op_dispatch_fraction == 1.0
+    for key in ("unpad_op_dispatch_fraction", "optimizer_op_dispatch_fraction"):
+        for bad in ("0", "-0.5", "fast", "1000"):
+            f.write_text(f"op_dispatch_us: 4.0\nlaunch_us: 1.0\n{key}: {bad}\n")
+            with pytest.raises(PartitaError) as err:
+                load_host_costs(f)
+            assert str(f) in str(err.value) and key in str(err.value)
+            assert "\n" not in str(err.value)
+
+
 def test_tied_embedding_gradients_are_reduced_between_first_and_last_stage():
     catalog = load_catalog()
     tied = small(tensor=1, pipeline=2, data=8)
