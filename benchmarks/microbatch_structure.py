@@ -41,8 +41,7 @@ def family_key(m) -> tuple:
 
 def microbatches(m) -> int:
     """Micro-batches each pipeline runs per step."""
-    s = m.scenario
-    return s.training.global_batch // (s.parallel.data * s.training.micro_batch)
+    return m.scenario.microbatches()
 
 
 def line(m: np.ndarray, t: np.ndarray) -> tuple[float, float]:
