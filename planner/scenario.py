@@ -15,6 +15,7 @@ from partita.planner.enums import (ARCHS, ATTENTION, FLASH_KERNELS, FRAMEWORKS, 
                                    NORM_FORMS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE,
                                    REDUCE_DTYPES, ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
 from partita.planner.errors import PartitaError
+from partita.planner.layout import LayoutError, layout_stages
 from partita.planner.modelspec import ModelSpec, TransformerDims
 from partita.planner.paths import SCENARIOS_DIR
 
@@ -30,7 +31,7 @@ TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optim
                  "rope_kernel", "recompute_early_stop", "attention_unpad", "optimizer_impl")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
-                 "overlap_param_gather", "tp_comm_overlap", "data_shard")
+                 "overlap_param_gather", "tp_comm_overlap", "data_shard", "layout")
 
 # Upper bounds on sizes, far above any real job, so that a typo (1e30 layers, 10^9 GPUs) is an error
 # naming the limit instead of a simulation that allocates per layer or micro-batch without end.
@@ -140,6 +141,7 @@ class ParallelSpec:
     tp_comm_overlap: bool = False                       # TP collectives hidden behind GEMMs (TE userbuffers)
     grad_reduce: str = "auto"
     stages: tuple[tuple[int, int], ...] | None = None   # block ranges [start, stop) per model chunk
+    layout: str | None = None           # the Megatron-Core layout string `stages` came from
     data_shard: int | None = None       # ZeRO shards over groups of this many data-parallel ranks
                                         # and replicates across the groups (FSDP HYBRID_SHARD,
                                         # torchtitan's dp_shard, DeepSpeed MiCS); None: all of them
@@ -231,7 +233,9 @@ class Scenario:
                 par["overlap_param_gather"] = False
             if p.tp_comm_overlap:
                 par["tp_comm_overlap"] = True
-            if p.stages is not None:
+            if p.layout is not None:
+                par["layout"] = p.layout
+            elif p.stages is not None:
                 par["stages"] = [list(s) for s in p.stages]
             if p.data_shard is not None:
                 par["data_shard"] = p.data_shard
@@ -431,7 +435,14 @@ def _softmax_fp32(c: Checker) -> bool:
 def _parse_parallel(c: Checker) -> ParallelSpec:
     c.only(PARALLEL_KEYS)
     schedule = c.choice("schedule", SCHEDULES, "1f1b")
+    layout, stages = _parse_layout(c)
     virtual = c.int("virtual_stages", 1, maximum=_lim(c, "virtual_stages"))
+    if layout is not None:
+        chunks = len(stages) // c.int("pipeline", 1, maximum=_lim(c, "pipeline"))
+        if c.has("virtual_stages") and virtual != chunks:
+            raise c.error(f"the layout has {len(stages)} chunks, {chunks} per pipeline rank; "
+                          f"virtual_stages says {virtual}", "virtual_stages")
+        virtual = chunks
     if virtual > 1 and schedule != "interleaved-1f1b":
         raise c.error(f"only for schedule interleaved-1f1b (schedule is {schedule}), got {virtual}",
                       "virtual_stages")
@@ -449,7 +460,7 @@ def _parse_parallel(c: Checker) -> ParallelSpec:
         overlap_param_gather=c.bool("overlap_param_gather", True),
         tp_comm_overlap=c.bool("tp_comm_overlap", False),
         grad_reduce=c.choice("grad_reduce", GRAD_REDUCE, "auto"),
-        stages=_parse_stages(c), data_shard=_data_shard(c, zero))
+        stages=stages, layout=layout, data_shard=_data_shard(c, zero))
 
 
 def _data_shard(c: Checker, zero: int) -> int | None:
@@ -466,6 +477,25 @@ def _data_shard(c: Checker, zero: int) -> int | None:
     return n
 
 
+def _parse_layout(c: Checker) -> tuple[str | None, tuple[tuple[int, int], ...] | None]:
+    """(parallel.layout, the block ranges it gives), or (None, parallel.stages): one of the two."""
+    if not c.has("layout"):
+        return None, _parse_stages(c)
+    if c.has("stages"):
+        raise c.error("give parallel.layout or parallel.stages, not both", "layout")
+    text = c.mapping["layout"]
+    if not isinstance(text, str) or not text.strip():
+        raise c.error(f"expected a Megatron-Core layout string such as \"E|t*4|t*4|t*4L\", "
+                      f"got {text!r}", "layout")
+    if not c.has("pipeline"):
+        raise c.error("needs parallel.pipeline (the layout's chunks are spread over its ranks)",
+                      "layout")
+    try:
+        return text, layout_stages(text, c.int("pipeline", 1, maximum=_lim(c, "pipeline")))
+    except LayoutError as exc:
+        raise c.error(str(exc), "layout") from None
+
+
 def _parse_stages(c: Checker) -> tuple[tuple[int, int], ...] | None:
     if not c.has("stages"):
         return None
@@ -477,8 +507,9 @@ def _parse_stages(c: Checker) -> tuple[tuple[int, int], ...] | None:
         ok = (isinstance(item, (list, tuple)) and len(item) == 2
               and all(isinstance(x, int) and not isinstance(x, bool) for x in item)
               and item[1] <= 2 * LIMITS["model.layers"])
-        if not ok or not 0 <= item[0] < item[1]:
-            raise c.error(f"entry {i}: expected [start, stop) with 0 <= start < stop, got {item!r}",
+        if not ok or not 0 <= item[0] <= item[1]:
+            raise c.error(f"entry {i}: expected [start, stop) with 0 <= start <= stop (a chunk "
+                          f"may hold no block), got {item!r}",
                           "stages")
         out.append((int(item[0]), int(item[1])))
     return tuple(out)
@@ -562,12 +593,16 @@ def _dims_or_none(s: Scenario) -> TransformerDims | None:
 
 def _check_dims(d: TransformerDims, p: ParallelSpec, fail) -> None:
     chunks = p.pipeline * p.virtual_stages
-    if d.total_layers < chunks:
-        raise fail(f"parallel: pipeline*virtual_stages ({p.pipeline}*{p.virtual_stages} = {chunks}) "
-                   f"exceeds the model's {d.total_layers} layers; every stage needs at least one "
-                   "layer (use a smaller parallel.pipeline)")
+    if p.layout is not None and p.stages[-1][1] != d.total_layers:
+        raise fail(f"parallel.layout has {p.stages[-1][1]} transformer blocks (t), but the model has "
+                   f"{d.total_layers} layers")
     if p.stages is not None:
         check_stages(p.stages, chunks, d.total_layers, fail)
+    elif d.total_layers < chunks:
+        raise fail(f"parallel: pipeline*virtual_stages ({p.pipeline}*{p.virtual_stages} = {chunks}) "
+                   f"exceeds the model's {d.total_layers} layers; an even split needs a layer per "
+                   "chunk (use a smaller parallel.pipeline, or name the chunks with parallel.stages "
+                   "or parallel.layout)")
     # uneven counts are fine: without parallel.stages, planner.stages.with_default_stages splits
     # them by the planner's balanced split
     if d.heads % p.tensor:

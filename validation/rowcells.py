@@ -404,6 +404,11 @@ def parallel_section(row: dict[str, str], rules: Rules, plan: tuple[int, int, in
     shard = rules.value(row, "data_shard", notes)
     if shard is not None:
         out["data_shard"] = int(shard)
+    layout = rules.value(row, "layout", notes) if pp > 1 else None
+    if layout is not None:              # the chunks as the source lays them out (planner/layout.py)
+        out.pop("virtual_stages", None)
+        out["layout"] = layout
+        return out
     stages = _uneven_stages(_layers(model), pp * virtual, notes) if pp > 1 else None
     if stages is not None:
         out["stages"] = stages

@@ -69,6 +69,7 @@ _SETTING_CHECKS = {
     "rope_kernel": ("choice", ROPE_FORMS), "arch": ("choice", ARCHS),
     "recompute_early_stop": ("bool", None), "dropout": ("bool", None),
     "attention_unpad": ("choice", UNPAD_FORMS), "optimizer_impl": ("choice", OPTIMIZER_IMPLS),
+    "layout": ("str", None),
 }
 
 
@@ -104,6 +105,8 @@ def _settings(c: Checker) -> dict[str, tuple[Any, str]]:
             value = entry.int("value", required=True)
         elif kind == "number":
             value = entry.number("value", required=True)
+        elif kind == "str":
+            value = entry.str("value", required=True)
         else:
             value = entry.bool("value", False) if entry.has("value") else None
         if value is None:

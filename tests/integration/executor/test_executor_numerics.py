@@ -43,10 +43,12 @@ CASES = {
                                       "training__optimizer": "sgd", "training__recompute": "full",
                                       "training__recompute_num_layers": 1}),
     "pp2-dp2-zero1": (LLAMA, {}),
-    "pp2-interleaved-v2-selective": (LLAMA, {"cluster__gpus": 2, "parallel__data": 1,
-                                             "parallel__schedule": "interleaved-1f1b",
-                                             "parallel__virtual_stages": 2,
-                                             "training__recompute": "selective"}),
+    # interleaved over Megatron-Core's layout string, as Llama 3 405B splits: the first chunk
+    # holds only the embedding and the last only the head and loss
+    "pp2-interleaved-layout-selective": (LLAMA, {"cluster__gpus": 2, "parallel__data": 1,
+                                                 "parallel__schedule": "interleaved-1f1b",
+                                                 "parallel__layout": "E|tt|tt|L",
+                                                 "training__recompute": "selective"}),
     "tp2-pp2-gpipe": (LLAMA, {"parallel__data": 1, "parallel__tensor": 2,
                               "parallel__schedule": "gpipe"}),
     "dp2-zero3": (LLAMA, {"cluster__gpus": 2, "parallel__pipeline": 1, "parallel__zero": 3}),

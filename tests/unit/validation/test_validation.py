@@ -183,8 +183,13 @@ def test_uneven_pipelines_drop_a_layer_at_both_ends(mapped):
     bloom = mapped["BLMSW-16"].document["parallel"]["stages"]         # 70 layers on 12 stages
     assert bloom[0] == [0, 5] and bloom[-1] == [65, 70]
     assert all(b - a == 6 for a, b in bloom[1:-1])
-    llama = mapped["LLAMA3-01"].document["parallel"]["stages"]        # 126 layers, 16 x 2 chunks
-    assert len(llama) == 32 and llama[0] == [0, 3] and llama[-1] == [123, 126]
+    # Llama 3 405B as its paper lays it out (Sec. 3.3.2): 126 blocks, one per chunk, and the
+    # embedding and the head in chunks of their own: 128 chunks, 8 per rank of PP 16
+    assert mapped["LLAMA3-01"].document["parallel"]["layout"] == "E|(t|)*126,L"
+    llama = mapped["LLAMA3-01"].scenario.parallel
+    assert llama.virtual_stages == 8 and len(llama.stages) == 128
+    assert llama.stages[0] == (0, 0) and llama.stages[-1] == (126, 126)
+    assert all(b - a == 1 for a, b in llama.stages[1:-1])
 
 
 def test_a_split_neither_even_nor_one_short_at_both_ends_is_the_simulators_balanced_one():
