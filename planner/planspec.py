@@ -153,6 +153,9 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
                                          max_gpus=max_gpus, nodes=nodes, where=where)
     base, dims = _base_scenario(doc, cluster, raw_par, systems=systems, origin=origin)
     fixed = {k: getattr(base.parallel, k) for k in raw_par} if raw_par else {}
+    if "layout" in fixed:               # a layout fixes the chunks it names: stages and their count
+        del fixed["layout"]
+        fixed.update(stages=base.parallel.stages, virtual_stages=base.parallel.virtual_stages)
     if kept.get("ddp") is False:
         fixed["data"] = 1
     if executable:

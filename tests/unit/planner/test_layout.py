@@ -4,7 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
+from partita.cli import main
 from partita.planner.catalog import load_catalog
 from partita.planner.errors import PartitaError
 from partita.planner.layout import MAX_EXPANDED, LayoutError, layout_stages, unroll
@@ -107,3 +109,12 @@ def test_chunks_without_blocks_simulate_as_their_stages_do():
     assert by_layout.step_time_s != even.step_time_s
     memory = by_layout.details["stage_memory_bytes"]
     assert len(memory) == 2 and all(sum(kinds.values()) > 0 for kinds in memory)
+
+
+def test_a_bad_layout_is_one_error_line_naming_file_and_key(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc(layout="E|tmt|ttt|L")))
+    assert main(["simulate", str(path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {path}: parallel.layout: chunk 1")
+    assert "valid symbols: E (the embedding), t (a transformer block), L" in err[0]

@@ -120,6 +120,14 @@ def test_given_stages_and_virtual_stages_are_kept():
     assert {(c.schedule, c.virtual_stages) for c in r.candidates} == {("interleaved-1f1b", 2)}
 
 
+def test_a_given_layout_is_kept_as_its_stages():
+    doc = small(parallel__pipeline=2, parallel__schedule="interleaved-1f1b",
+                parallel__layout="E|ttt|ttt|L", training__micro_batch=2)
+    r = plan(doc, catalog=CATALOG, evaluate=fake_evaluate)
+    assert r.best["parallel"]["stages"] == [[0, 0], [0, 3], [3, 6], [6, 6]]
+    assert {(c.schedule, c.virtual_stages) for c in r.candidates} == {("interleaved-1f1b", 2)}
+
+
 def test_objectives_cost_and_memory():
     cost = plan(small(cluster__gpus=None), catalog=CATALOG, evaluate=fake_evaluate, max_gpus=16,
                 objective="cost")

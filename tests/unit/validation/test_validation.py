@@ -446,6 +446,7 @@ def test_bad_cells_skip_the_row_with_the_reason(standin, tmp_path):
     ("sources: {X: {recompute_every_nth_block: {value: 0, why: w}}}\n", "must be >= 1"),
     ("sources: {X: {data_shard: {value: half, why: w}}}\n", "expected an integer"),
     ("sources: {X: {grad_reduce_dtype: {value: fp33, why: w}}}\n", "expected one of auto, fp32, bf16, fp16"),
+    ("sources: {X: {layout: {value: 7, why: w}}}\n", "layout.value: expected a non-empty string, got 7"),
 ])
 def test_malformed_rowmap_rules(tmp_path, text, needle):
     path = tmp_path / "rowmap.yaml"
