@@ -468,8 +468,10 @@ def _uneven_stages(layers: int, chunks: int, notes: list[str]) -> list[list[int]
     that splits; else None too (the simulator's balanced split, planner.stages, with a note).
 
     That is the split DeepSpeed's partitioner makes when the embedding and the head count as one
-    layer each (BLOOM's 70 layers on 12 stages: 5 + 10 x 6 + 5), and Llama 3's (Sec. 3.3.2:
-    "we reduce one Transformer layer each from the first and the last stages").
+    layer each (BLOOM's 70 layers on 12 stages: 5 + 10 x 6 + 5). Llama 3 405B applies the same
+    rule at one block per chunk (Sec. 3.3.2: "we reduce one Transformer layer each from the first
+    and the last stages"), which leaves the embedding and the head chunks of their own; its rows
+    say so with a `layout` (rowmap.yaml), which replaces this split.
     """
     if layers % chunks == 0:
         return None
