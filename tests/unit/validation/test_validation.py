@@ -139,6 +139,11 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("LLAMA3-03", "parallel", "context", 16),
     ("LLAMA3-03", "parallel", "zero", 2),
     ("LLAMA3-03", "parallel", "schedule", "interleaved-1f1b"),
+    # Megatron-LM's 2024 runs overlap pipeline communication, which its code allows only interleaved
+    ("MLM24-06", "parallel", "schedule", "interleaved-1f1b"),
+    ("MLM24-06", "parallel", "virtual_stages", 23),          # 23 blocks per rank: one per chunk
+    ("MLM24-08", "parallel", "virtual_stages", 2),           # 12 per rank: the least interleaving
+    ("MLM24-04", "parallel", "schedule", "1f1b"),             # no pipeline
     ("LLAMA3-03", "model", "kv_heads", 8),
     ("LLAMA3-03", "model", "ffn_hidden", 53248),
     ("LLAMA3-03", "training", "global_batch", 128),          # 16 sequences per DP group x dp 8
