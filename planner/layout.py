@@ -63,7 +63,7 @@ def layout_chunks(text: str) -> list[str]:
     return chunks
 
 
-def layout_stages(text: str, pipeline: int) -> tuple[tuple[int, ...], ...]:
+def layout_stages(text: str, pipeline: int) -> tuple[tuple[int, int], ...]:
     """Block ranges [start, stop) of every model chunk of layout `text` over `pipeline` ranks;
     the chunk count must be a multiple of `pipeline` (the quotient: the virtual stages)."""
     chunks = layout_chunks(text)
