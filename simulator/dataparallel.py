@@ -14,6 +14,8 @@ other; only the last bucket of the rank's last chunk cannot overlap at all. Algo
   `_make_forward_pre_hook`, param_and_grad_buffer.py `finish_param_sync`), so the first bucket's
   gather is exposed, the rest hide behind that one forward, and what does not fit in it waits.
 - zero 3: reduced per block inside the backward (see stagecosts); nothing left at the end.
+Each runs as one collective over a rank's parameters, or, where the framework issues one per
+wrapped block (FSDP: `dp_collectives_per_block`), one per transformer block (`per_collective`).
 With hybrid sharding (`parallel.data_shard`) ZeRO's collectives run within the shard group and the
 gradient shard is then all-reduced across the replicas (FSDP HYBRID_SHARD, `_reduce_grad`: a
 reduce-scatter in the shard group, then an all-reduce of the shard in the inter-node group;
@@ -21,14 +23,15 @@ Megatron-Core's distributed optimizer instances do the same).
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from partita.planner import inventory
 from partita.planner.stages import chunk_ranges
 from partita.simulator import fp16optimizer
 from partita.simulator.compute import element_bytes, elementwise_time
 from partita.simulator.context import StepContext
-from partita.simulator.memory import chunk_blocks, embedding_parameters, grad_bytes, reduce_bytes
+from partita.simulator.memory import (block_parameters, chunk_blocks, embedding_parameters,
+                                      grad_bytes, reduce_bytes)
 from partita.simulator.network import Group, collective
 from partita.simulator.result import Span
 from partita.simulator.stepenv import StepEnv
@@ -56,32 +59,55 @@ def shard_groups(ctx: StepContext) -> tuple[Group, Group | None]:
     return _group(ctx.placement.shard_group(p.shard)), _group(ctx.placement.replica_group(p.shard))
 
 
+def per_collective(env: StepEnv, params: float, seconds: Callable[[float], float]) -> float:
+    """`seconds(n)` of one collective over n parameters, summed over the collectives a rank's
+    `params` go out in: one, or, where the framework issues one per block
+    (`dp_collectives_per_block`: FSDP's wrapped units), one per transformer block and one for the
+    rest (the root unit's embedding, head and final norm), each paying the collective's latency.
+    A t5 decoder block is counted at its encoder block's size."""
+    dims = env.ctx.dims
+    if not env.framework.dp_collectives_per_block or dims is None:
+        return seconds(params)
+    block = block_parameters(dims) / env.ctx.parallel.tensor
+    blocks = int(params // block) if block > 0 else 0
+    rest = params - blocks * block
+    return blocks * seconds(block) + (seconds(rest) if rest >= 1.0 else 0.0)
+
+
 def reduction_time(env: StepEnv, params: float) -> float:
-    """Seconds to reduce `params` parameters' gradients across the data-parallel group."""
+    """Seconds to reduce `params` parameters' gradients across the data-parallel group
+    (`per_collective`)."""
     ctx, topo = env.ctx, env.topo
     p = ctx.parallel
     if p.data <= 1 or p.zero >= 3 or params <= 0:
         return 0.0
-    nbytes = params * reduce_bytes(ctx.training, p.zero)
+    per_param = reduce_bytes(ctx.training, p.zero)
     if p.zero == 0:
-        return collective("allreduce", p.grad_reduce, nbytes, _dp_group(ctx), topo)
+        group = _dp_group(ctx)
+        return per_collective(env, params, lambda n: collective(
+            "allreduce", p.grad_reduce, n * per_param, group, topo))
     # A sharded optimizer reduce-scatters: NCCL runs it as a ring whatever grad_reduce says.
     shard, replicas = shard_groups(ctx)
-    t = collective("reduce_scatter", "ring", nbytes, shard, topo)
-    if replicas is not None:
-        t += collective("allreduce", "auto", nbytes / p.shard, replicas, topo)
-    return t
+
+    def one(n: float) -> float:
+        t = collective("reduce_scatter", "ring", n * per_param, shard, topo)
+        if replicas is not None:
+            t += collective("allreduce", "auto", n * per_param / p.shard, replicas, topo)
+        return t
+    return per_collective(env, params, one)
 
 
 def param_gather_time(env: StepEnv, params: float) -> float:
     """ZeRO-1/2: all-gather of the updated 16-bit parameters (exposed, or beside the next forward
-    with `overlap_param_gather`)."""
+    with `overlap_param_gather`; `per_collective`)."""
     ctx, topo = env.ctx, env.topo
     p = ctx.parallel
     if p.data <= 1 or p.zero not in (1, 2):
         return 0.0
     e = element_bytes(ctx.training.precision)
-    return collective("all_gather", "auto", params * e, shard_groups(ctx)[0], topo)
+    group = shard_groups(ctx)[0]
+    return per_collective(env, params, lambda n: collective("all_gather", "auto", n * e, group,
+                                                            topo))
 
 
 def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[float], *,

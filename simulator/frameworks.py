@@ -37,6 +37,8 @@ class FrameworkProfile:
     bf16_microbatch_gradient_accumulation: bool
     loss: str                               # vocab_parallel | torch
     recompute_early_stop: bool              # full recompute halts at the last tensor saved
+    dp_collectives_per_block: bool          # the data-parallel reduction and ZeRO-1/2 gather run
+                                            # one collective per block (FSDP's wrapped units)
 
 
 FLAGS = tuple(f.name for f in fields(FrameworkProfile) if f.name != "name")
@@ -65,7 +67,8 @@ def _profile(c: Checker, name: str) -> FrameworkProfile:
         bf16_fp32_gradient_copy=c.bool("bf16_fp32_gradient_copy", False),
         bf16_microbatch_gradient_accumulation=c.bool("bf16_microbatch_gradient_accumulation", False),
         loss=c.choice("loss", LOSS_FORMS),
-        recompute_early_stop=c.bool("recompute_early_stop", False))
+        recompute_early_stop=c.bool("recompute_early_stop", False),
+        dp_collectives_per_block=c.bool("dp_collectives_per_block", False))
 
 
 @lru_cache(maxsize=4)

@@ -81,3 +81,42 @@ def test_the_fp32_gradient_copy_is_the_profiles():
     assert bytes_per_parameter("bf16", "adam", 0, 8, "deepspeed")[1] == 6.0
     assert bytes_per_parameter("bf16", "adam", 0, 8, "fsdp")[1] == 4.0
     assert bytes_per_parameter("bf16", "adam", 2, 8, "deepspeed")[1] == 2.0 / 8
+
+
+def test_fsdp_reduces_and_gathers_block_by_block():
+    """FSDP issues one reduce-scatter and one all-gather per wrapped unit (every transformer block,
+    then the root's embedding and head), each paying the collective's latency; Megatron-LM's and
+    DeepSpeed's buckets are priced as one collective over the rank's parameters. On 512 ranks a
+    ring's latency grows with the ranks, so FSDP's ZeRO-2 (SHARD_GRAD_OP) costs more, and the
+    excess is the extra collectives' cost."""
+    from partita.simulator import dataparallel
+    from partita.simulator.calibration import load_calibration
+    from partita.simulator.context import resolve
+    from partita.simulator.memory import block_parameters
+    from partita.simulator.network import build_topology, collective
+    from partita.simulator.stepenv import StepEnv
+    assert framework_profile("fsdp").dp_collectives_per_block
+    assert not framework_profile("megatron").dp_collectives_per_block
+    assert not framework_profile("deepspeed").dp_collectives_per_block
+    catalog, cal = load_catalog(), load_calibration()
+
+    def env(framework, gpus=512):
+        doc = {"model": {"preset": "gpt2-xl"}, "cluster": {"system": "dgx-h100", "gpus": gpus},
+               "parallel": {"tensor": 1, "pipeline": 1, "data": gpus, "zero": 2},
+               "training": {"global_batch": 8 * gpus, "micro_batch": 8, "precision": "bf16",
+                            "framework": framework}}
+        ctx = resolve(parse_scenario(doc), catalog)
+        return StepEnv(ctx=ctx, topo=build_topology(ctx.system, cal), cal=cal, oh=Overheads())
+
+    fsdp, megatron = env("fsdp"), env("megatron")
+    block = block_parameters(fsdp.ctx.dims)
+    root = block / 3
+    params = 48 * block + root                       # 48 blocks and the root unit
+    group = dataparallel.shard_groups(fsdp.ctx)[0]
+    one = lambda n: collective("all_gather", "auto", n * 2, group, fsdp.topo)   # noqa: E731
+    gather = dataparallel.param_gather_time
+    assert gather(fsdp, params) == pytest.approx(48 * one(block) + one(root))
+    assert gather(megatron, params) == pytest.approx(one(params))
+    assert gather(fsdp, params) - gather(megatron, params) > 0.2 * gather(megatron, params)
+    assert (dataparallel.reduction_time(fsdp, params)
+            > dataparallel.reduction_time(megatron, params))
