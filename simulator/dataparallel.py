@@ -59,34 +59,52 @@ def shard_groups(ctx: StepContext) -> tuple[Group, Group | None]:
     return _group(ctx.placement.shard_group(p.shard)), _group(ctx.placement.replica_group(p.shard))
 
 
-def per_collective(env: StepEnv, params: float, seconds: Callable[[float], float]) -> float:
-    """`seconds(n)` of one collective over n parameters, summed over the collectives a rank's
-    `params` go out in: one, or, where the framework issues one per block
+def _pieces(env: StepEnv, params: float) -> tuple[tuple[int, float], ...]:
+    """The collectives a rank's `params` go out in, as (how many, parameters in each), the one at
+    the step's edge last: one collective, or, where the framework issues one per block
     (`dp_collectives_per_block`: FSDP's wrapped units), one per transformer block and one for the
-    rest (the root unit's embedding, head and final norm), each paying the collective's latency.
-    A t5 decoder block is counted at its encoder block's size."""
+    rest, the root unit (embedding, head, final norm), whose gradients are the backward's last and
+    whose parameters the forward gathers first. A t5 decoder block is counted at its encoder
+    block's size."""
     dims = env.ctx.dims
     if not env.framework.dp_collectives_per_block or dims is None:
-        return seconds(params)
+        return ((1, params),)
     block = block_parameters(dims) / env.ctx.parallel.tensor
     blocks = int(params // block) if block > 0 else 0
     rest = params - blocks * block
-    return blocks * seconds(block) + (seconds(rest) if rest >= 1.0 else 0.0)
+    if rest < 1.0:
+        return ((blocks - 1, block), (1, block)) if blocks > 1 else ((blocks, block),)
+    return ((blocks, block), (1, rest))
 
 
-def reduction_time(env: StepEnv, params: float) -> float:
-    """Seconds to reduce `params` parameters' gradients across the data-parallel group
-    (`per_collective`)."""
+def per_collective(env: StepEnv, params: float, seconds: Callable[[float], float]) -> float:
+    """`seconds(n)` of one collective over n parameters, summed over the collectives a rank's
+    `params` go out in (`_pieces`), each paying the collective's latency."""
+    return sum(count * seconds(n) for count, n in _pieces(env, params) if count)
+
+
+def edge_collective(env: StepEnv, params: float, total_s: float,
+                    seconds: Callable[[float], float]) -> float:
+    """Seconds of the collective at the step's edge, the one no compute can hide: the gradient
+    reduction's last (after the backward's end) and the parameter gather's first (before the
+    forward's start). One per block: the root unit's (`_pieces`); else one bucket, BUCKET_PARAMS
+    of the rank's `params`, its share of the whole collective's `total_s`."""
+    if env.framework.dp_collectives_per_block and env.ctx.dims is not None:
+        return seconds(_pieces(env, params)[-1][1])
+    return total_s * min(1.0, BUCKET_PARAMS / max(params, 1.0))
+
+
+def _reduce_seconds(env: StepEnv) -> Callable[[float], float]:
+    """Seconds to reduce n parameters' gradients in one collective across the data-parallel
+    group: an all-reduce (ZeRO 0), or the sharded optimizer's reduce-scatter (NCCL runs it as a
+    ring whatever grad_reduce says), then under hybrid sharding an all-reduce of the shard across
+    the replicas."""
     ctx, topo = env.ctx, env.topo
     p = ctx.parallel
-    if p.data <= 1 or p.zero >= 3 or params <= 0:
-        return 0.0
     per_param = reduce_bytes(ctx.training, p.zero)
     if p.zero == 0:
         group = _dp_group(ctx)
-        return per_collective(env, params, lambda n: collective(
-            "allreduce", p.grad_reduce, n * per_param, group, topo))
-    # A sharded optimizer reduce-scatters: NCCL runs it as a ring whatever grad_reduce says.
+        return lambda n: collective("allreduce", p.grad_reduce, n * per_param, group, topo)
     shard, replicas = shard_groups(ctx)
 
     def one(n: float) -> float:
@@ -94,20 +112,33 @@ def reduction_time(env: StepEnv, params: float) -> float:
         if replicas is not None:
             t += collective("allreduce", "auto", n * per_param / p.shard, replicas, topo)
         return t
-    return per_collective(env, params, one)
+    return one
+
+
+def _gather_seconds(env: StepEnv) -> Callable[[float], float]:
+    """Seconds to all-gather n updated 16-bit parameters in one collective (ZeRO-1/2)."""
+    ctx, topo = env.ctx, env.topo
+    e = element_bytes(ctx.training.precision)
+    group = shard_groups(ctx)[0]
+    return lambda n: collective("all_gather", "auto", n * e, group, topo)
+
+
+def reduction_time(env: StepEnv, params: float) -> float:
+    """Seconds to reduce `params` parameters' gradients across the data-parallel group
+    (`per_collective`)."""
+    p = env.ctx.parallel
+    if p.data <= 1 or p.zero >= 3 or params <= 0:
+        return 0.0
+    return per_collective(env, params, _reduce_seconds(env))
 
 
 def param_gather_time(env: StepEnv, params: float) -> float:
     """ZeRO-1/2: all-gather of the updated 16-bit parameters (exposed, or beside the next forward
     with `overlap_param_gather`; `per_collective`)."""
-    ctx, topo = env.ctx, env.topo
-    p = ctx.parallel
-    if p.data <= 1 or p.zero not in (1, 2):
+    p = env.ctx.parallel
+    if p.data <= 1 or p.zero not in (1, 2) or params <= 0:
         return 0.0
-    e = element_bytes(ctx.training.precision)
-    group = shard_groups(ctx)[0]
-    return per_collective(env, params, lambda n: collective("all_gather", "auto", n * e, group,
-                                                            topo))
+    return per_collective(env, params, _gather_seconds(env))
 
 
 def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[float], *,
@@ -134,7 +165,7 @@ def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[f
             if t_red <= 0:
                 continue
             done = timeline.last_backward_s[c] + delay
-            last_bucket = t_red * min(1.0, BUCKET_PARAMS / max(params[c], 1.0))
+            last_bucket = edge_collective(env, params[c], t_red, _reduce_seconds(env))
             if p.overlap_grad_reduce:
                 ready = done - costs.backward_s[c]
                 start = max(ready, lane)
@@ -150,7 +181,7 @@ def dp_finish_times(env: StepEnv, timeline, costs, rank_ends, params: Sequence[f
         rank_params = sum(params[c] for c in chunks)
         gather = param_gather_time(env, rank_params)
         if p.overlap_param_gather and gather > 0:
-            first = gather * min(1.0, BUCKET_PARAMS / max(rank_params, 1.0))
+            first = edge_collective(env, rank_params, gather, _gather_seconds(env))
             beside = min(gather - first, sum(costs.forward_s[c] for c in chunks))
             delay, gather = delay + contention(beside), gather - beside
         ends.append(max(rank_ends[r] + delay, lane) + gather)

@@ -120,3 +120,9 @@ def test_fsdp_reduces_and_gathers_block_by_block():
     assert gather(fsdp, params) - gather(megatron, params) > 0.2 * gather(megatron, params)
     assert (dataparallel.reduction_time(fsdp, params)
             > dataparallel.reduction_time(megatron, params))
+    # the collective no compute hides: FSDP's root unit (its gradients come last, its parameters
+    # are gathered first), else one 40M-parameter bucket's share
+    assert dataparallel.edge_collective(fsdp, params, 1.0, one) == pytest.approx(one(root))
+    assert dataparallel.edge_collective(megatron, params, 1.0, one) == pytest.approx(
+        dataparallel.BUCKET_PARAMS / params)
+    assert dataparallel.edge_collective(fsdp, 3 * block, 1.0, one) == pytest.approx(one(block))
