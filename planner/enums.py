@@ -22,6 +22,7 @@ FLASH_KERNELS = ("flash", "flash2", "flash1")   # attention kernels that never s
 FRAMEWORKS = ("megatron", "deepspeed", "fsdp")                         # training.framework
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")       # parallel.schedule
 GRAD_REDUCE = ("auto", "ring", "tree", "hierarchical", "parameter-server")  # parallel.grad_reduce
+CP_COMM_TYPES = ("p2p", "all_gather")                                  # parallel.cp_comm_type
 REDUCE_DTYPES = ("auto", "fp32", "bf16", "fp16")                      # training.grad_reduce_dtype
 NORM_FORMS = ("fused", "eager")                                    # training.norm_kernel
 ROPE_FORMS = ("fused", "complex", "rotate-half", "matrix")          # training.rope_kernel

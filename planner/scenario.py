@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import (ARCHS, ATTENTION, FLASH_KERNELS, FRAMEWORKS, GRAD_REDUCE,
+from partita.planner.enums import (ARCHS, ATTENTION, CP_COMM_TYPES, FLASH_KERNELS, FRAMEWORKS,
+                                   GRAD_REDUCE,
                                    NORM_FORMS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE,
                                    REDUCE_DTYPES, ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
 from partita.planner.errors import PartitaError
@@ -31,7 +32,7 @@ TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optim
                  "rope_kernel", "recompute_early_stop", "attention_unpad", "optimizer_impl")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
-                 "overlap_param_gather", "tp_comm_overlap", "data_shard", "layout")
+                 "overlap_param_gather", "tp_comm_overlap", "data_shard", "layout", "cp_comm_type")
 
 # Upper bounds on sizes, far above any real job, so that a typo (1e30 layers, 10^9 GPUs) is an error
 # naming the limit instead of a simulation that allocates per layer or micro-batch without end.
@@ -145,6 +146,11 @@ class ParallelSpec:
     data_shard: int | None = None       # ZeRO shards over groups of this many data-parallel ranks
                                         # and replicates across the groups (FSDP HYBRID_SHARD,
                                         # torchtitan's dp_shard, DeepSpeed MiCS); None: all of them
+    cp_comm_type: str = "p2p"           # how context parallelism moves K and V (Megatron-Core
+                                        # --cp-comm-type): p2p, a ring passing blocks beside the
+                                        # attention (Liu et al. 2023); all_gather, K and V gathered
+                                        # before the attention, dK and dV reduce-scattered after it,
+                                        # on the critical path (Llama 3, Dubey et al. 2024 Sec. 3.3.2)
 
     @property
     def shard(self) -> int:
@@ -239,6 +245,8 @@ class Scenario:
                 par["stages"] = [list(s) for s in p.stages]
             if p.data_shard is not None:
                 par["data_shard"] = p.data_shard
+            if p.cp_comm_type != "p2p":
+                par["cp_comm_type"] = p.cp_comm_type
             out["parallel"] = par
         return out
 
@@ -460,7 +468,18 @@ def _parse_parallel(c: Checker) -> ParallelSpec:
         overlap_param_gather=c.bool("overlap_param_gather", True),
         tp_comm_overlap=c.bool("tp_comm_overlap", False),
         grad_reduce=c.choice("grad_reduce", GRAD_REDUCE, "auto"),
-        stages=stages, layout=layout, data_shard=_data_shard(c, zero))
+        stages=stages, layout=layout, data_shard=_data_shard(c, zero),
+        cp_comm_type=_cp_comm_type(c))
+
+
+def _cp_comm_type(c: Checker) -> str:
+    """parallel.cp_comm_type: only where there is context parallelism to carry out."""
+    kind = c.choice("cp_comm_type", CP_COMM_TYPES, "p2p")
+    if c.has("cp_comm_type") and c.int("context", 1, maximum=_lim(c, "context")) < 2:
+        raise c.error(f"only with parallel.context > 1 (context is "
+                      f"{c.int('context', 1, maximum=_lim(c, 'context'))}: no K and V to move), "
+                      f"got {kind}", "cp_comm_type")
+    return kind
 
 
 def _data_shard(c: Checker, zero: int) -> int | None:

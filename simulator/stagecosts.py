@@ -129,10 +129,19 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
         shape = ctx.placement.cp_group()
         attn_f = lt.parts.get("attention_fwd", 0.0)
         attn_b = lt.parts.get("attention_bwd", 0.0)
-        cf = cp_ring_time(kv, p.context, shape.intra_only, topo, attention_s=attn_f,
-                          concurrent=shape.sharing, overlap=oh.overlapped).exposed_s
-        cb = cp_ring_time(2 * kv, p.context, shape.intra_only, topo, attention_s=attn_b,
-                          concurrent=shape.sharing, overlap=oh.overlapped).exposed_s
+        if p.cp_comm_type == "all_gather":
+            # Llama 3's context parallelism (Dubey et al. 2024, Sec. 3.3.2): "we first all-gather
+            # the key (K) and value (V) tensors, and then compute attention output for the local
+            # query (Q) tensor chunk ... the all-gather communication latency is exposed in the
+            # critical path"; the backward reduce-scatters dK and dV (the gathered K and V kept)
+            group = Group(shape.n, shape.per_node, concurrent=shape.per_node * shape.sharing)
+            cf = collective("all_gather", "auto", kv * p.context, group, topo)
+            cb = collective("reduce_scatter", "auto", kv * p.context, group, topo)
+        else:
+            cf = cp_ring_time(kv, p.context, shape.intra_only, topo, attention_s=attn_f,
+                              concurrent=shape.sharing, overlap=oh.overlapped).exposed_s
+            cb = cp_ring_time(2 * kv, p.context, shape.intra_only, topo, attention_s=attn_b,
+                              concurrent=shape.sharing, overlap=oh.overlapped).exposed_s
         _add(parts, "cp_comm", cf + cb)
         fwd, bwd = fwd + cf, bwd + cb
 

@@ -404,6 +404,9 @@ def parallel_section(row: dict[str, str], rules: Rules, plan: tuple[int, int, in
     shard = rules.value(row, "data_shard", notes)
     if shard is not None:
         out["data_shard"] = int(shard)
+    cp_comm = rules.value(row, "cp_comm_type", notes) if cp > 1 else None
+    if cp_comm is not None and cp_comm != "p2p":
+        out["cp_comm_type"] = cp_comm
     layout = rules.value(row, "layout", notes) if pp > 1 else None
     if layout is not None:              # the chunks as the source lays them out (planner/layout.py)
         out.pop("virtual_stages", None)

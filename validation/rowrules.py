@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import (ARCHS, ATTENTION, FRAMEWORKS, NORM_FORMS, OPTIMIZER_IMPLS,
-                                   PRECISIONS, RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES,
-                                   UNPAD_FORMS)
+from partita.planner.enums import (ARCHS, ATTENTION, CP_COMM_TYPES, FRAMEWORKS, NORM_FORMS,
+                                   OPTIMIZER_IMPLS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES,
+                                   ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
 from partita.planner.paths import VALIDATION_DIR
 from partita.validation.metrics import CONVENTIONS
 
@@ -69,7 +69,7 @@ _SETTING_CHECKS = {
     "rope_kernel": ("choice", ROPE_FORMS), "arch": ("choice", ARCHS),
     "recompute_early_stop": ("bool", None), "dropout": ("bool", None),
     "attention_unpad": ("choice", UNPAD_FORMS), "optimizer_impl": ("choice", OPTIMIZER_IMPLS),
-    "layout": ("str", None),
+    "layout": ("str", None), "cp_comm_type": ("choice", CP_COMM_TYPES),
 }
 
 

@@ -139,6 +139,7 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("LLAMA3-03", "parallel", "context", 16),
     ("LLAMA3-03", "parallel", "zero", 2),
     ("LLAMA3-03", "parallel", "schedule", "interleaved-1f1b"),
+    ("LLAMA3-03", "parallel", "cp_comm_type", "all_gather"),     # Sec. 3.3.2: K, V all-gathered
     # Megatron-LM's 2024 runs overlap pipeline communication, which its code allows only interleaved
     ("MLM24-06", "parallel", "schedule", "interleaved-1f1b"),
     ("MLM24-06", "parallel", "virtual_stages", 23),          # 23 blocks per rank: one per chunk
@@ -191,6 +192,9 @@ def test_uneven_pipelines_drop_a_layer_at_both_ends(mapped):
     # Llama 3 405B as its paper lays it out (Sec. 3.3.2): 126 blocks, one per chunk, and the
     # embedding and the head in chunks of their own: 128 chunks, 8 per rank of PP 16
     assert mapped["LLAMA3-01"].document["parallel"]["layout"] == "E|(t|)*126,L"
+    # the 8K rows have no context parallelism: the CP setting is neither applied nor noted there
+    assert "cp_comm_type" not in mapped["LLAMA3-01"].document["parallel"]
+    assert not any(a.startswith("cp_comm_type") for a in mapped["LLAMA3-01"].assumptions)
     llama = mapped["LLAMA3-01"].scenario.parallel
     assert llama.virtual_stages == 8 and len(llama.stages) == 128
     assert llama.stages[0] == (0, 0) and llama.stages[-1] == (126, 126)
