@@ -128,6 +128,22 @@ def test_a_given_layout_is_kept_as_its_stages():
     assert {(c.schedule, c.virtual_stages) for c in r.candidates} == {("interleaved-1f1b", 2)}
 
 
+def test_a_given_cp_comm_type_is_kept_where_there_is_context_parallelism():
+    """`partita plan` carries `parallel.cp_comm_type` into the layouts it tries with context
+    parallelism (it searched past it before), and leaves it out of those without."""
+    seen = []
+
+    def evaluate(scenario):
+        seen.append((scenario.parallel.context, scenario.parallel.cp_comm_type))
+        return fake_evaluate(scenario)
+
+    doc = small(parallel__context=2, parallel__cp_comm_type="all_gather", training__micro_batch=2)
+    r = plan(doc, catalog=CATALOG, evaluate=evaluate)
+    assert seen and all(kind == "all_gather" for context, kind in seen if context > 1)
+    assert r.best["parallel"]["cp_comm_type"] == "all_gather"
+    assert parse_scenario(r.best).parallel.cp_comm_type == "all_gather"
+
+
 def test_objectives_cost_and_memory():
     cost = plan(small(cluster__gpus=None), catalog=CATALOG, evaluate=fake_evaluate, max_gpus=16,
                 objective="cost")
