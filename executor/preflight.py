@@ -253,7 +253,8 @@ def as_executed(scenario: Scenario) -> Scenario:
     F.cross_entropy's unfused chain, and the norm and RoPE forms of EXECUTED_NORM /
     EXECUTED_ROPE; no dropout (planner/models/common.py), and full
     recompute through torch.utils.checkpoint(use_reentrant=False), which stops early
-    (executor/stages.py; `compute.early_stop_skip`). On the NVIDIA H200 runs of
+    (executor/stages.py; `compute.early_stop_skip`); context parallelism in its all-gather
+    form (`parallel.cp_comm_type: all_gather`, executor/context.py). On the NVIDIA H200 runs of
     data/validation/gpu/h200_kernels.json (`runs`: a GPT of 24 x 2048, one of 24 x 1024, a Llama
     of 16 x 2048) predicted / measured is 1.02, 0.92 and 0.96 so, 1.02, 0.92 and 0.89 with the
     scenarios' forms (README). A `local` system keeps the scenario's forms: its calibration
@@ -269,7 +270,11 @@ def as_executed(scenario: Scenario) -> Scenario:
                        rope_kernel=EXECUTED_ROPE.get(dims.arch, "fused"),
                        recompute_early_stop=True)
     model = ModelSpec(dims=replace(dims, dropout=False), origin=scenario.model.origin)
-    return replace(scenario, model=model, training=training)
+    parallel = scenario.parallel
+    if parallel is not None and parallel.context > 1:
+        # executor/context.py runs context parallelism in its all-gather form (Llama 3's)
+        parallel = replace(parallel, cp_comm_type="all_gather")
+    return replace(scenario, model=model, training=training, parallel=parallel)
 
 
 def predict(scenario: Scenario, catalog_file: str | None

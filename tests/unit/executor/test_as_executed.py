@@ -43,6 +43,18 @@ def test_a_gpu_prediction_is_the_executed_scenario_and_slower_than_the_framework
     assert time_s > simulate(s, catalog).step_time_s
 
 
+def test_context_parallelism_is_priced_as_the_executor_runs_it():
+    """executor/context.py all-gathers the keys and values (Llama 3's form), so a GPU run with
+    context parallelism is priced that way whatever the scenario names; without it, p2p stays."""
+    doc = _doc("llama")
+    doc["cluster"]["gpus"] = 2
+    doc["parallel"] = {"pipeline": 1, "context": 2}
+    s = parse_scenario(doc)
+    assert s.parallel.cp_comm_type == "p2p"
+    assert as_executed(s).parallel.cp_comm_type == "all_gather"
+    assert as_executed(parse_scenario(_doc("llama"))).parallel.cp_comm_type == "p2p"
+
+
 def test_a_module_model_is_returned_unchanged():
     doc = _doc("gpt")
     doc["model"] = {"module": "toy.py:Toy", "seq_len": 16, "vocab": 64}
