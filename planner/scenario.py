@@ -12,9 +12,8 @@ from typing import Any
 
 from partita.planner.documents import Checker, load_document
 from partita.planner.enums import (ARCHS, ATTENTION, CP_COMM_TYPES, FLASH_KERNELS, FRAMEWORKS,
-                                   GRAD_REDUCE,
-                                   NORM_FORMS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE,
-                                   REDUCE_DTYPES, ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
+                                   GRAD_REDUCE, NORM_FORMS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
+                                   RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
 from partita.planner.errors import PartitaError
 from partita.planner.layout import LayoutError, layout_stages
 from partita.planner.modelspec import ModelSpec, TransformerDims
@@ -475,10 +474,10 @@ def _parse_parallel(c: Checker) -> ParallelSpec:
 def _cp_comm_type(c: Checker) -> str:
     """parallel.cp_comm_type: only where there is context parallelism to carry out."""
     kind = c.choice("cp_comm_type", CP_COMM_TYPES, "p2p")
-    if c.has("cp_comm_type") and c.int("context", 1, maximum=_lim(c, "context")) < 2:
-        raise c.error(f"only with parallel.context > 1 (context is "
-                      f"{c.int('context', 1, maximum=_lim(c, 'context'))}: no K and V to move), "
-                      f"got {kind}", "cp_comm_type")
+    context = c.int("context", 1, maximum=_lim(c, "context"))
+    if c.has("cp_comm_type") and context < 2:
+        raise c.error(f"only with parallel.context > 1 (context is {context}: no K and V to "
+                      f"move), got {kind}", "cp_comm_type")
     return kind
 
 
