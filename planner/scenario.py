@@ -145,8 +145,9 @@ class ParallelSpec:
     data_shard: int | None = None       # ZeRO shards over groups of this many data-parallel ranks
                                         # and replicates across the groups (FSDP HYBRID_SHARD,
                                         # torchtitan's dp_shard, DeepSpeed MiCS); None: all of them
-    cp_comm_type: str = "p2p"           # how context parallelism moves K and V (Megatron-Core
-                                        # --cp-comm-type): p2p, a ring passing blocks beside the
+    cp_comm_type: str = "p2p"           # how context parallelism, where context > 1, moves K and V
+                                        # (Megatron-Core --cp-comm-type; `partita plan` applies it to
+                                        # the degrees it tries): p2p, a ring passing blocks beside the
                                         # attention (Liu et al. 2023); all_gather, K and V gathered
                                         # before the attention, dK and dV reduce-scattered after it,
                                         # on the critical path (Llama 3, Dubey et al. 2024 Sec. 3.3.2)
@@ -468,17 +469,7 @@ def _parse_parallel(c: Checker) -> ParallelSpec:
         tp_comm_overlap=c.bool("tp_comm_overlap", False),
         grad_reduce=c.choice("grad_reduce", GRAD_REDUCE, "auto"),
         stages=stages, layout=layout, data_shard=_data_shard(c, zero),
-        cp_comm_type=_cp_comm_type(c))
-
-
-def _cp_comm_type(c: Checker) -> str:
-    """parallel.cp_comm_type: only where there is context parallelism to carry out."""
-    kind = c.choice("cp_comm_type", CP_COMM_TYPES, "p2p")
-    context = c.int("context", 1, maximum=_lim(c, "context"))
-    if c.has("cp_comm_type") and context < 2:
-        raise c.error(f"only with parallel.context > 1 (context is {context}: no K and V to "
-                      f"move), got {kind}", "cp_comm_type")
-    return kind
+        cp_comm_type=c.choice("cp_comm_type", CP_COMM_TYPES, "p2p"))
 
 
 def _data_shard(c: Checker, zero: int) -> int | None:

@@ -315,7 +315,7 @@ class _Run:
             tp_comm_overlap=fixed.get("tp_comm_overlap", False), grad_reduce=grad_reduce,
             stages=stages if stages is not None else fixed.get("stages"),
             data_shard=self.data_shard(lay),
-            cp_comm_type=fixed.get("cp_comm_type", "p2p") if lay.context > 1 else "p2p")
+            cp_comm_type=fixed.get("cp_comm_type", "p2p"))
         cluster = replace(s.cluster, system=lay.system, gpus=lay.gpus, nodes=None)
         training = replace(s.training, micro_batch=lay.micro_batch, recompute=lay.recompute,
                            recompute_num_layers=self.recompute_layers(lay))

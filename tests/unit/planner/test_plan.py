@@ -128,9 +128,9 @@ def test_a_given_layout_is_kept_as_its_stages():
     assert {(c.schedule, c.virtual_stages) for c in r.candidates} == {("interleaved-1f1b", 2)}
 
 
-def test_a_given_cp_comm_type_is_kept_where_there_is_context_parallelism():
-    """`partita plan` carries `parallel.cp_comm_type` into the layouts it tries with context
-    parallelism (it searched past it before), and leaves it out of those without."""
+def test_a_given_cp_comm_type_is_kept():
+    """`partita plan` carries `parallel.cp_comm_type` into the layouts it tries (it searched past
+    it before), also where it leaves the context degree to the search."""
     seen = []
 
     def evaluate(scenario):
@@ -142,6 +142,10 @@ def test_a_given_cp_comm_type_is_kept_where_there_is_context_parallelism():
     assert seen and all(kind == "all_gather" for context, kind in seen if context > 1)
     assert r.best["parallel"]["cp_comm_type"] == "all_gather"
     assert parse_scenario(r.best).parallel.cp_comm_type == "all_gather"
+    seen.clear()
+    open_cp = plan(small(parallel__cp_comm_type="all_gather", training__micro_batch=2),
+                   catalog=CATALOG, evaluate=evaluate)
+    assert seen and all(kind == "all_gather" for _, kind in seen) and open_cp.best
 
 
 def test_objectives_cost_and_memory():

@@ -54,10 +54,19 @@ def test_the_gather_is_exposed_where_the_ring_hides_its_transfers():
     assert gather.breakdown_s["cp_comm"] == pytest.approx(4 * 8 * per_block, rel=1e-6)
 
 
+def test_without_context_parallelism_it_changes_nothing():
+    """It names how context parallelism moves K and V wherever there is some: a scenario without
+    it (or one `partita plan` is to choose the degree for) takes the key, at no cost."""
+    catalog = load_catalog()
+    one = [simulate(parse_scenario(doc(context=1, data=4, cp_comm_type=kind)), catalog)
+           for kind in ("p2p", "all_gather")]
+    assert one[0].step_time_s == one[1].step_time_s
+    assert "cp_comm" not in one[1].breakdown_s
+
+
 @pytest.mark.parametrize("parallel, message", [
     ({"cp_comm_type": "ring"}, "parallel.cp_comm_type: expected one of p2p, all_gather, got 'ring'"),
-    ({"cp_comm_type": "all_gather", "context": 1, "data": 4},
-     "parallel.cp_comm_type: only with parallel.context > 1"),
+    ({"cp_comm_type": ["all_gather"]}, "parallel.cp_comm_type: expected one of p2p, all_gather, got a list"),
 ])
 def test_a_bad_value_is_one_line_naming_the_key(tmp_path, capsys, parallel, message):
     with pytest.raises(PartitaError, match=message.replace("(", r"\(").replace(")", r"\)")):
