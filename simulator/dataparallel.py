@@ -44,11 +44,8 @@ SGD_BYTES_PER_PARAM = 22.0
 
 
 def _dp_group(ctx: StepContext) -> Group:
-    return _group(ctx.placement.dp_group())
+    return ctx.placement.dp_group().group()
 
-
-def _group(shape) -> Group:
-    return Group(shape.n, shape.per_node, concurrent=shape.per_node * shape.sharing)
 
 
 def shard_groups(ctx: StepContext) -> tuple[Group, Group | None]:
@@ -56,7 +53,7 @@ def shard_groups(ctx: StepContext) -> tuple[Group, Group | None]:
     p = ctx.parallel
     if p.shard == p.data:
         return _dp_group(ctx), None
-    return _group(ctx.placement.shard_group(p.shard)), _group(ctx.placement.replica_group(p.shard))
+    return ctx.placement.shard_group(p.shard).group(), ctx.placement.replica_group(p.shard).group()
 
 
 def _pieces(env: StepEnv, params: float) -> tuple[tuple[int, float], ...]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from math import ceil
 
 from partita.planner.ranks import RankGenerator
+from partita.simulator.network import Group
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,11 @@ class GroupShape:
     @property
     def intra_only(self) -> bool:
         return self.nodes <= 1
+
+    def group(self) -> Group:
+        """This shape as a collective group of the network model: every group of its kind runs
+        at once, so `per_node * sharing` collectives share a node's NICs."""
+        return Group(self.n, self.per_node, concurrent=self.per_node * self.sharing)
 
 
 @dataclass(frozen=True)

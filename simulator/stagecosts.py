@@ -134,7 +134,7 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
             # the key (K) and value (V) tensors, and then compute attention output for the local
             # query (Q) tensor chunk ... the all-gather communication latency is exposed in the
             # critical path"; the backward reduce-scatters dK and dV (the gathered K and V kept)
-            group = Group(shape.n, shape.per_node, concurrent=shape.per_node * shape.sharing)
+            group = shape.group()
             cf = collective("all_gather", "auto", kv * p.context, group, topo)
             cb = collective("reduce_scatter", "auto", kv * p.context, group, topo)
         else:
@@ -278,7 +278,7 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
     if p.replicas > 1:              # hybrid sharding: the gradient shard across the replicas
         rep = ctx.placement.replica_group(p.shard)
         rs += collective("allreduce", "auto", params / group.ranks * g,
-                         Group(rep.n, rep.per_node, concurrent=rep.per_node * rep.sharing),
+                         rep.group(),
                          topo) * slow
     regather = ag if (fw.zero3_regather_on_recompute and recompute in WHOLE_FORWARD_AGAIN) else 0.0
     if p.overlap_param_gather:
