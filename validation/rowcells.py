@@ -13,6 +13,7 @@ from typing import Any
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import preset_dims, preset_names
 from partita.validation.rowrules import Rules
+from partita.validation.tuned import FASTEST
 
 SKIP_KINDS = {
     "excluded": "excluded in rowmap.yaml",
@@ -296,10 +297,16 @@ def global_batch(row: dict[str, str], dp: int, seq_len: int, notes: list[str]) -
     raise Skip("incomplete", f"global batch {text or 'not stated'!r}")
 
 
-def micro_batch(row: dict[str, str], rules: Rules, notes: list[str]) -> int:
+def micro_batch(row: dict[str, str], rules: Rules, notes: list[str]) -> int | str:
+    """The row's micro-batch, rowmap.yaml's for the row, 1 where neither says, or `FASTEST`
+    (validation.tuned) where rowmap.yaml asks for the fastest that fits; only the last leaves
+    the note to the caller, which knows the choice."""
     value, _ = leading_int(row["micro_batch"])
     if value is not None:
         return value
+    found = rules.setting(row, "micro_batch")
+    if found is not None and found[0] == FASTEST:
+        return FASTEST
     value = rules.value(row, "micro_batch", notes)
     if value is None:
         notes.append("micro_batch 1: not stated")

@@ -24,6 +24,7 @@ from partita.validation import rowcells as cells
 from partita.validation.metrics import Unconvertible, step_time_from_metric
 from partita.validation.rowcells import Skip
 from partita.validation.rowrules import Rules
+from partita.validation.tuned import FASTEST, fastest_micro_batch
 
 DEFAULT_CSV = VALIDATION_DIR / "published_dev.csv"
 COLUMNS = ("id", "source_key", "source", "locator", "model", "params_B", "layers", "hidden", "heads",
@@ -113,8 +114,10 @@ def map_row(row: dict[str, str], rules: Rules, origin: str = "") -> MappedRow | 
                      measured_peak_memory_gib=peak_memory, assumptions=tuple(notes))
 
 
-def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[str, Any]:
-    """The scenario document for a row (sections model, cluster, training, parallel)."""
+def build_document(row: dict[str, str], rules: Rules, notes: list[str], *,
+                   micro_batch: int | None = None) -> dict[str, Any]:
+    """The scenario document for a row (sections model, cluster, training, parallel);
+    `micro_batch` given: at that micro-batch, whatever the row or rowmap.yaml says."""
     tp, pp, dp, cp = cells.degrees(row)
     model = cells.model_section(row, tp, rules, notes)
     seq_len = model["seq_len"]
@@ -131,7 +134,9 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
     system, extra_cluster = cells.system(row, rules, notes)
     cluster = {"system": system, "gpus": gpus, **extra_cluster}
     global_batch = cells.global_batch(row, dp, seq_len, notes)
-    micro = cells.micro_batch(row, rules, notes)
+    micro = micro_batch if micro_batch is not None else cells.micro_batch(row, rules, notes)
+    if micro == FASTEST:
+        micro = _fastest(row, rules, global_batch // dp if global_batch % dp == 0 else 0, notes)
     if global_batch % (micro * dp):
         raise Skip("inconsistent", f"global batch {global_batch} does not split into micro-batches of "
                    f"{micro} over dp={dp}")
@@ -172,6 +177,21 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str]) -> dict[
                                       notes)
     name = f"{row['id']} {row['model']}".strip()
     return {"name": name, "model": model, "cluster": cluster, "training": training, "parallel": parallel}
+
+
+def _fastest(row: dict[str, str], rules: Rules, per_rank: int, notes: list[str]) -> int:
+    """rowmap.yaml's `micro_batch: fastest` (validation.tuned), with the choice in the notes."""
+    why = rules.setting(row, "micro_batch")[1]
+
+    def build(mb: int) -> Scenario | None:
+        try:
+            return _parse(build_document(row, rules, [], micro_batch=mb), row, "")
+        except Skip:
+            return None
+
+    micro, how = fastest_micro_batch(per_rank, build) if per_rank else (1, "1")
+    notes.append(f"micro_batch {micro}: {why}; {how}")
+    return micro
 
 
 def _parse(doc: dict[str, Any], row: dict[str, str], origin: str) -> Scenario:

@@ -17,6 +17,7 @@ from partita.planner.enums import (ARCHS, ATTENTION, CP_COMM_TYPES, FRAMEWORKS, 
                                    ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
 from partita.planner.paths import VALIDATION_DIR
 from partita.validation.metrics import CONVENTIONS
+from partita.validation.tuned import FASTEST
 
 DEFAULT_RULES = VALIDATION_DIR / "rowmap.yaml"
 
@@ -53,7 +54,7 @@ class Rules:
 
 
 _SETTING_CHECKS = {
-    "flops": ("choice", CONVENTIONS), "micro_batch": ("int", None),
+    "flops": ("choice", CONVENTIONS), "micro_batch": ("int_or_fastest", None),
     "recompute": ("choice", RECOMPUTE), "precision": ("choice", PRECISIONS),
     "gpu_memory_gb": ("number", None), "zero": ("choice", ("0", "1", "2", "3")),
     "schedule": ("choice", SCHEDULES), "virtual_stages": ("int", None),
@@ -103,6 +104,11 @@ def _settings(c: Checker) -> dict[str, tuple[Any, str]]:
             value = int(value) if key == "zero" else value
         elif kind == "int":
             value = entry.int("value", required=True)
+        elif kind == "int_or_fastest":      # validation.tuned: the fastest predicted that fits
+            raw = entry.mapping.get("value")
+            if isinstance(raw, str) and raw != FASTEST:
+                raise entry.error(f"expected an integer or {FASTEST!r}, got {raw!r}", "value")
+            value = FASTEST if raw == FASTEST else entry.int("value", required=True)
         elif kind == "number":
             value = entry.number("value", required=True)
         elif kind == "str":

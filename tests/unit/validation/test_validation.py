@@ -159,6 +159,8 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("MPT-01", "training", "framework", "fsdp"),             # FSDP FULL_SHARD
     ("NAR21-17", "training", "framework", "megatron"),       # names neither: the default
     ("NAR21-01", "training", "micro_batch", 16),             # examples/sc21/run_table_1.sh
+    ("MLM24-04", "training", "micro_batch", 4),              # not stated: the fastest that fits
+    ("MLM24-08", "training", "micro_batch", 1),              # mb 2 does not fit in 80 GB
     ("NAR21-07", "parallel", "virtual_stages", 2),           # 10 layers per stage / 5 per chunk
     ("NAR21-01", "parallel", "overlap_grad_reduce", True),   # DDP=torch
     ("NAR21-05", "parallel", "overlap_grad_reduce", False),  # DDP=local
@@ -456,6 +458,8 @@ def test_bad_cells_skip_the_row_with_the_reason(standin, tmp_path):
     ("sources: {X: {data_shard: {value: half, why: w}}}\n", "expected an integer"),
     ("sources: {X: {grad_reduce_dtype: {value: fp33, why: w}}}\n", "expected one of auto, fp32, bf16, fp16"),
     ("sources: {X: {layout: {value: 7, why: w}}}\n", "layout.value: expected a non-empty string, got 7"),
+    ("sources: {X: {micro_batch: {value: fast, why: w}}}\n",
+     "micro_batch.value: expected an integer or 'fastest', got 'fast'"),
 ])
 def test_malformed_rowmap_rules(tmp_path, text, needle):
     path = tmp_path / "rowmap.yaml"
