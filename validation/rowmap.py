@@ -189,7 +189,9 @@ def _fastest(row: dict[str, str], rules: Rules, per_rank: int, notes: list[str])
         except Skip:
             return None
 
-    micro, how = fastest_micro_batch(per_rank, build) if per_rank else (1, "1")
+    if not per_rank:            # the global batch does not split over dp: the caller says so
+        return 1
+    micro, how = fastest_micro_batch(per_rank, build)
     notes.append(f"micro_batch {micro}: {why}; {how}")
     return micro
 

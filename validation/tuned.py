@@ -20,7 +20,9 @@ from partita.planner.errors import PartitaError
 from partita.planner.scenario import Scenario
 
 FASTEST = "fastest"
-CANDIDATES = (1, 2, 4, 8)       # micro-batches tried, where they divide a rank's share
+# Micro-batches tried, where they divide a rank's share: powers of two, as published launch
+# scripts set them (a chosen set, not a measured one).
+CANDIDATES = (1, 2, 4, 8)
 
 
 @lru_cache(maxsize=1)
