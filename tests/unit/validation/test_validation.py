@@ -64,7 +64,7 @@ def standin(monkeypatch):
 
 def test_shipped_csv_has_the_published_rows_and_columns():
     rows = read_rows()
-    assert len(rows) == 233
+    assert len(rows) == 243
     assert set(rows[0]) == set(COLUMNS) - {"peak_memory_GiB"}    # the optional column is absent
     assert all(r["source"] and r["locator"] for r in rows)     # provenance kept
 
@@ -78,6 +78,16 @@ def test_flash_attention_2_table_rows_run_the_kernel_of_their_column(mapped):
     assert fa1.scenario.training.micro_batch == 4 and fa1.scenario.training.global_batch == 128
     # 170 and 220 TFLOP/s per GPU of the same FLOPs: the steps stand in the inverse ratio
     assert fa1.measured_step_s / fa2.measured_step_s == pytest.approx(220 / 170)
+
+
+def test_the_readme_figures_megatron_bars_run_megatrons_kernels(mapped):
+    """FAPILE-06 (Table 1's 2k baseline) and the README figure's Megatron-LM bars: stored attention
+    scores and Megatron-LM's own cross entropy, not the source's FlashAttention and fused loss."""
+    for row_id in ("FAPILE-06", "FAPILE-18", "FAPILE-21"):
+        t = mapped[row_id].scenario.training
+        assert t.attention == "unfused" and not t.fused_cross_entropy
+        assert any(a.startswith("micro_batch") and "fastest" in a for a in mapped[row_id].assumptions)
+    assert mapped["FAPILE-25"].scenario.training.attention == "flash1"     # the README's FA runs
 
 
 def test_reserved_source_rows_are_excluded(mapped):
@@ -109,7 +119,7 @@ def test_most_gpu_transformer_rows_map(mapped):
     ("FMSFSDP-09", "excluded"),       # HSDP under torch.compile
     ("FMSFSDP-13", "excluded"),       # torch.compile
     ("TRAINY-01", "excluded"),        # float8
-    ("FAPILE-06", "excluded"),        # FlashAttention-2 paper's baseline: its attention not stated
+    ("FAPILE-09", "excluded"),        # FlashAttention-2 paper's 8k baseline: not identified
     ("FAPILE-07", "excluded"),        # the README's own FlashAttention run, counted once
     ("FAPILE-16", "excluded"),        # the configs' 8k 2.7B run does not fit in 80 GB
 ])
@@ -161,6 +171,10 @@ def test_rows_that_are_not_simulable_say_why(mapped, row_id, kind):
     ("NAR21-01", "training", "micro_batch", 16),             # examples/sc21/run_table_1.sh
     ("MLM24-04", "training", "micro_batch", 4),              # not stated: the fastest that fits
     ("MLM24-08", "training", "micro_batch", 1),              # mb 2 does not fit in 80 GB
+    ("FAPILE-06", "training", "attention", "unfused"),       # the README figure: Megatron-LM
+    ("FAPILE-21", "training", "precision", "fp16"),          # as the owt FlashAttention runs
+    ("FAPILE-26", "parallel", "zero", 1),                    # owt/gpt2l-flash.yaml DDPStrategyZero1
+    ("FAPILE-25", "training", "micro_batch", 64),            # gpt2m-flash.yaml, >= 80 GB
     ("NAR21-07", "parallel", "virtual_stages", 2),           # 10 layers per stage / 5 per chunk
     ("NAR21-01", "parallel", "overlap_grad_reduce", True),   # DDP=torch
     ("NAR21-05", "parallel", "overlap_grad_reduce", False),  # DDP=local
