@@ -179,6 +179,11 @@ PARTS = {"ilp": bench_ilp, "t5": bench_t5, "gpt3": bench_gpt3, "published": benc
 
 if __name__ == "__main__":
     wanted = sys.argv[1:] or list(PARTS)
+    unknown = [name for name in wanted if name not in PARTS]
+    if unknown:
+        print(f"usage: bench_plan.py [{' | '.join(PARTS)}] ...\nerror: unknown part "
+              f"{unknown[0]!r} (valid: {', '.join(PARTS)})", file=sys.stderr)
+        sys.exit(2)
     for name in wanted:
         PARTS[name]()
         sys.stdout.flush()

@@ -7,6 +7,7 @@ Prints the summary it plots (the README's line) and where the figure went.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -16,8 +17,11 @@ from partita.validation.crossval import load_residuals
 from partita.validation.runner import summarize
 
 
-def main() -> int:
-    out = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("crossval.png")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Figure of the leave-one-source-out predictions.")
+    parser.add_argument("out", nargs="?", default="crossval.png", type=Path,
+                        help="where the PNG goes (default: crossval.png here)")
+    out = parser.parse_args(argv).out
     rows = load_residuals()["rows"]
     out.write_bytes(loso_figure(rows))       # the figure `partita report validate` shows
     print(loso_line(summarize(r["error_pct"] / 100.0 for r in rows)))
