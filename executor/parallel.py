@@ -17,7 +17,9 @@ output projection reduce-scatters (output Shard(1)) instead of all-reducing. Eac
 Shard(1) DTensor (so `x.shape[1]` is the whole sequence, as rotary tables need) and hands its
 neighbours the local (B, S/tp, H) shard, which is also what crosses a pipeline-stage boundary. The
 embedding output is cut to the rank's positions and the head gathers them back, so both stay
-replicated.
+replicated. A norm's weight gradient is the sum of the ranks' sequence shards, pending (DTensor
+Partial) after the backward; `reduce_partial_gradients` sums it over the tensor group before the
+optimizer, as Megatron-LM does, so the optimizer step issues no collective.
 
 Data parallelism, by ZeRO stage (Rajbhandari et al. 2020):
 - 0: parameters and optimizer replicated; after the pipeline step the gradients are averaged over
@@ -165,6 +167,41 @@ def apply_data_parallel(chunk: Chunk, dp_mesh: DeviceMesh, mode: str) -> None:
 def _local(t: torch.Tensor) -> torch.Tensor:
     """The local shard of a DTensor (tensor or data parallel), or the tensor itself."""
     return t.to_local() if hasattr(t, "to_local") else t
+
+
+def reduce_partial_gradients(params: list[nn.Parameter]) -> int:
+    """Sum, over their mesh dimension, the gradients a sequence-parallel layer leaves pending: a
+    norm's replicated weights applied to sequence-sharded activations get DTensor gradients of
+    placement Partial(sum). Megatron-LM all-reduces these sequence-parallel norm gradients over the
+    tensor-parallel group before the optimizer (finalize_model_grads, _allreduce_layernorm_grads);
+    left pending, DTensor would all-reduce them inside every optimizer step, one functional
+    collective per tensor and update. One flat all-reduce per (mesh, dimension) here, then each
+    gradient laid out Replicate on that dimension, so the optimizer runs on local tensors. Returns
+    how many gradients it reduced."""
+    from torch.distributed.tensor import DTensor, Replicate
+    pending: dict[tuple[int, int], list[nn.Parameter]] = {}
+    for p in params:
+        g = p.grad
+        if not isinstance(g, DTensor):
+            continue
+        dims = [i for i, pl in enumerate(g.placements)
+                if pl.is_partial() and getattr(pl, "reduce_op", "sum") == "sum"]
+        if dims:
+            pending.setdefault((id(g.device_mesh), dims[0]), []).append(p)
+    for (_, dim), group_params in pending.items():
+        mesh = group_params[0].grad.device_mesh
+        locals_ = [p.grad.to_local() for p in group_params]
+        flat = torch.cat([t.reshape(-1) for t in locals_])
+        dist.all_reduce(flat, group=mesh.get_group(dim))
+        offset = 0
+        for p, t in zip(group_params, locals_):
+            t.copy_(flat[offset:offset + t.numel()].view_as(t))
+            offset += t.numel()
+            placements = list(p.grad.placements)
+            placements[dim] = Replicate()
+            p.grad = DTensor.from_local(t, mesh, placements, run_check=False,
+                                        shape=p.grad.shape, stride=p.grad.stride())
+    return sum(len(v) for v in pending.values())
 
 
 def average_gradients(params: list[nn.Parameter], group, size: int) -> None:

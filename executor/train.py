@@ -27,7 +27,7 @@ from partita.executor.launch import RESULT_FILE, Job
 from partita.executor.measure import StepRecorder, memory_report, summarize, write_outputs
 from partita.executor.parallel import (TiedGradients, apply_data_parallel,
                                        apply_sequence_parallel, apply_tensor_parallel,
-                                       average_gradients, build_mesh)
+                                       average_gradients, build_mesh, reduce_partial_gradients)
 from partita.executor.plan import TORCH_SCHEDULES, ExecPlan, execution_plan
 from partita.executor.precision import LossScaler
 from partita.executor.stages import Chunk, build_chunks, build_module_chain
@@ -110,6 +110,8 @@ class RankRun:
         if self.tied.entries:
             with self.recorder.span("tied", "TIED_ALLREDUCE", "comm"):
                 self.tied.sync(self.chunks)
+        if self.plan.sequence_parallel:
+            reduce_partial_gradients(self.params)
         scale = self.scaler.scale
         found_inf = self.scaler.unscale(_local_grads(self.params), self.device)
         self.fault(step, "optimizer")
