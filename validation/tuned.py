@@ -39,22 +39,29 @@ def _catalog():
     return load_catalog()
 
 
+@lru_cache(maxsize=1024)
+def _predict(scenario: Scenario) -> tuple[float, bool] | None:
+    """(step seconds, fits in memory) of a candidate, or None where the simulator refuses it;
+    kept per scenario, as every mapping of the rows asks again."""
+    from partita.simulator.step import simulate
+    try:
+        result = simulate(scenario, _catalog(), overheads=_unfitted())
+    except PartitaError:
+        return None
+    return result.step_time_s, result.fits_in_memory
+
+
 def fastest_micro_batch(per_rank: int, build: Callable[[int], Scenario | None],
                         ) -> tuple[int, str]:
     """(micro-batch, how it was chosen) for a data-parallel rank's share of `per_rank` sequences;
     `build(mb)` gives the row's scenario at that micro-batch, or None where it is not one (an
     interleaved schedule whose micro-batch count the pipeline does not divide)."""
-    from partita.simulator.step import simulate
     tried = []
     for mb in (c for c in CANDIDATES if per_rank % c == 0):
         scenario = build(mb)
-        if scenario is None:
-            continue
-        try:
-            result = simulate(scenario, _catalog(), overheads=_unfitted())
-        except PartitaError:
-            continue
-        tried.append((mb, result.step_time_s, result.fits_in_memory))
+        predicted = _predict(scenario) if scenario is not None else None
+        if predicted is not None:
+            tried.append((mb, *predicted))
     if not tried:
         return 1, "no candidate simulates; 1"
     fitting = [t for t in tried if t[2]]

@@ -25,7 +25,9 @@ def fake_simulate(monkeypatch):
         return _Result(*table[scenario])
     monkeypatch.setattr("partita.simulator.step.simulate", simulate)
     monkeypatch.setattr(tuned, "_catalog", lambda: None)
-    return table, seen
+    tuned._predict.cache_clear()            # predictions are kept per scenario
+    yield table, seen
+    tuned._predict.cache_clear()
 
 
 def test_the_fastest_that_fits_wins(fake_simulate):
