@@ -191,12 +191,8 @@ def reduce_partial_gradients(params: list[nn.Parameter]) -> int:
     for (_, dim), group_params in pending.items():
         mesh = group_params[0].grad.device_mesh
         locals_ = [p.grad.to_local() for p in group_params]
-        flat = torch.cat([t.reshape(-1) for t in locals_])
-        dist.all_reduce(flat, group=mesh.get_group(dim))
-        offset = 0
+        _all_reduce_flat(locals_, mesh.get_group(dim))
         for p, t in zip(group_params, locals_):
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
             placements = list(p.grad.placements)
             placements[dim] = Replicate()
             p.grad = DTensor.from_local(t, mesh, placements, run_check=False,
@@ -208,13 +204,19 @@ def average_gradients(params: list[nn.Parameter], group, size: int) -> None:
     """ZeRO-0 data parallelism: all-reduce the gradients over `group` in flat buckets, then / size."""
     grads = [_local(p.grad) for p in params if p.grad is not None]
     for bucket in _buckets(grads):
-        flat = torch.cat([g.reshape(-1) for g in bucket])
-        dist.all_reduce(flat, group=group)
-        flat.div_(size)
-        offset = 0
-        for g in bucket:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
+        _all_reduce_flat(bucket, group, divide=size)
+
+
+def _all_reduce_flat(tensors: list[torch.Tensor], group, divide: int = 1) -> None:
+    """All-reduce `tensors` in place as one flat buffer over `group` (then / `divide`)."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    dist.all_reduce(flat, group=group)
+    if divide != 1:
+        flat.div_(divide)
+    offset = 0
+    for t in tensors:
+        t.copy_(flat[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def _buckets(grads: list[torch.Tensor]) -> list[list[torch.Tensor]]:
