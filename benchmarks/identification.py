@@ -2,8 +2,8 @@
 
     python benchmarks/identification.py
 
-The four fitted numbers (data/calibration/fitted.yaml: a sustained matmul fraction per GPU family
-and DeepSpeed's ZeRO-3 collective fraction) are fitted on every usable dev row at once
+The fitted numbers (data/calibration/fitted.yaml: a sustained matmul fraction per GPU family) are
+fitted on every usable dev row at once
 (`benchmarks/fit_overheads.py`). A number that only one source's rows inform cannot be checked by
 leave-one-source-out: with that source left out, nothing sets it and its fold keeps the optimiser's
 start (1.0, the bound). Numbers informed by several sources can disagree, and the fit then settles
@@ -11,8 +11,8 @@ between them, leaving each source's rows off by the disagreement whatever else i
 
 For each fitted number this prints the sources whose rows depend on it, and the value each of them
 implies alone: the same optimiser and objective (`partita.fitting.step_time.fit`) on that source's
-rows only (the numbers those rows inform are fitted together, e.g. NAR21's A100 fraction with its
-ZeRO-3 fraction; the numbers they do not inform do not matter to them). It prints the spread of the
+rows only (the numbers those rows inform are fitted together; the numbers they do not inform do not
+matter to them). It prints the spread of the
 implied values (largest over smallest) and flags numbers one source identifies alone.
 
 Where a fraction's mechanism was measured on the device (a back-to-back 8192^3 bf16 matmul held for
@@ -40,7 +40,6 @@ from partita.simulator.overheads import load_overheads  # noqa: E402
 from partita.validation.crossval import dev_rows  # noqa: E402
 from partita.validation.runner import load_split  # noqa: E402
 
-ZERO3 = "zero3_collective_fraction.deepspeed"
 # Device runs with a sustained-matmul record, and the catalog GPU each ran on.
 SUSTAINED_RUNS = ((VALIDATION_DIR / "gpu" / "h200_kernels.json", "h200-141gb"),)
 WARM_S = 0.1        # the first samples run at boost clock, before the power cap bites
@@ -60,11 +59,8 @@ def measured_sustained(path: Path, gpu_name: str, catalog) -> tuple[float, float
 
 def informs(m, family: str | None) -> set[str]:
     """The fitted numbers row `m` (on a GPU of `family`) depends on: its family's sustained
-    fraction, and DeepSpeed's ZeRO-3 fraction where it runs ZeRO-3 under DeepSpeed."""
-    out = {f"{SUSTAINED}.{family}"} if family else set()
-    if m.scenario.parallel.zero >= 3 and m.scenario.training.framework == "deepspeed":
-        out.add(ZERO3)
-    return out
+    fraction."""
+    return {f"{SUSTAINED}.{family}"} if family else set()
 
 
 def main() -> int:

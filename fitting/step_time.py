@@ -9,8 +9,12 @@ pseudo-Huber, f_scale = DELTA) from the physical starting point (every fraction 
 leave-one-source-out check (`validation.crossval`) runs the same function once per left-out source.
 
 The fitted parameters are `params(families)`: one sustained matmul fraction per GPU family (the
-catalog's `gpus[].family`, `fitted_families`), then the ZeRO-3 collective fraction; every other
-number the simulator reads is measured or published and is read from the file as it stands. A row
+catalog's `gpus[].family`, `fitted_families`); every other number the simulator reads is measured,
+published or chosen and is read from the file as it stands. DeepSpeed's ZeRO-3 collective fraction
+is no longer fitted: one source's rows alone informed it (Narayanan et al. 2021's six ZeRO-3 runs),
+so leave-one-source-out could never check it, and they disagree within themselves (the three 175B
+runs sit at 1.0 and the three 530B runs near 0.5): a per-framework constant cannot be what differs
+between them (`simulator.overheads`). A row
 only reads the parameters of its GPU family, precision and framework, so its prediction is cached
 on those values: a finite-difference column for the V100 fraction re-simulates the V100 rows only.
 """
@@ -84,8 +88,7 @@ def fitted_families(catalog, rows_families: Iterable[str | None], stored: Iterab
 
 def params(families: Families) -> tuple[Param, ...]:
     """The fitted numbers, in the order of the optimiser's vector (units in the names)."""
-    return (tuple(Param(f"{SUSTAINED}.{f}", 1.0, 0.3, 1.0) for f in families.fitted)
-            + (Param("zero3_collective_fraction.deepspeed", 1.0, 0.05, 1.0),))
+    return tuple(Param(f"{SUSTAINED}.{f}", 1.0, 0.3, 1.0) for f in families.fitted)
 
 
 @dataclass(frozen=True)
@@ -107,8 +110,7 @@ def overheads_from(values: dict[str, float], families: Families,
     return replace(
         base, sustained_default=(float(np.median([fam[f] for f in families.fitted]))
                                  if families.fitted else base.sustained_default),
-        sustained_by_family=fam,
-        zero3_collective_fraction={"deepspeed": values["zero3_collective_fraction.deepspeed"]})
+        sustained_by_family=fam)
 
 
 class Predictor:
@@ -207,17 +209,13 @@ def fitted_file(result: FitResult) -> FittedFile:
                  **{f: fam[of] for f, of in families.copies.items()}}
     copies = "".join(f"; {f} = {of}" for f, of in families.copies.items())
     return FittedFile(
-        title="The framework numbers fitted to measured step times (fitting/step_time.py); "
+        title="The numbers fitted to measured step times (fitting/step_time.py); "
               "facts are in training.yaml, host.yaml, compute.yaml, network.yaml.",
         command=COMMAND, objective=OBJECTIVE, rows=result.rows, loss=round(result.loss, 6),
-        values={SUSTAINED: sustained,
-                "zero3_collective_fraction": {
-                    "deepspeed": round(v["zero3_collective_fraction.deepspeed"], 3)}},
+        values={SUSTAINED: sustained},
         notes=("sustained_matmul_fraction: in-training matmul throughput / best-shape sweep, per "
                f"GPU family; default: the median, for families without rows{copies} (the same "
-               "chip: architecture, SMs and peak FLOP/s in the catalog).",
-               "zero3_collective_fraction: ZeRO-3 gathers and scatters, fraction of the modelled "
-               "bandwidth, per framework."))
+               "chip: architecture, SMs and peak FLOP/s in the catalog).",))
 
 
 def write_fitted(result: FitResult, path: str | Path | None = None) -> Path:

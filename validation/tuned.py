@@ -5,8 +5,8 @@ rank's share of the global batch.
 A benchmark table published by a framework's authors is a tuned run; where it leaves the
 micro-batch out, a fixed guess (1) is one more hand-set number per row. This rule replaces the
 guesses with one choice that looks only at predictions, never at the row's measurement: each
-candidate is simulated with the fitted fractions left out (every `sustained_matmul_fraction` and
-`zero3_collective_fraction` at 1.0, the fit's starting point), so the choice does not depend on
+candidate is simulated with the fitted fractions left out (every `sustained_matmul_fraction` at
+1.0, the fit's starting point, and no `zero3_collective_fraction`), so the choice does not depend on
 which rows were fitted, and the fastest that fits in memory is kept (none fits: the smallest).
 rowmap.yaml asks for it with `micro_batch: {value: fastest, why: ...}`.
 """

@@ -87,18 +87,31 @@ def test_the_writer_emits_a_fitted_file_the_loader_reads(tmp_path):
     from partita.simulator.overheads import TRAINING_FILE, load_overheads
     fitted = FittedFile(title="test fit", command="python fit.py --write", objective="least squares",
                         rows=("R-1", "R-2"), loss=0.5,
-                        values={"sustained_matmul_fraction": {"default": 0.5, "a100": 0.6},
-                                "zero3_collective_fraction": {"deepspeed": 0.7}})
+                        values={"sustained_matmul_fraction": {"default": 0.5, "a100": 0.6}})
     path = write_fitted_file(tmp_path / "fitted.yaml", fitted)
     oh = load_overheads(TRAINING_FILE, fitted=path)
     assert oh.sustained_default == 0.5 and oh.sustained_by_family == {"a100": 0.6}
-    assert oh.zero3_collective_fraction == {"deepspeed": 0.7}
+    assert oh.zero3_collective_fraction == {}
     listed = numbers(path)
     assert [n.key for n in listed] == ["sustained_matmul_fraction.default",
-                                       "sustained_matmul_fraction.a100",
-                                       "zero3_collective_fraction.deepspeed"]
+                                       "sustained_matmul_fraction.a100"]
     assert {n.source for n in listed} == {"python fit.py --write on 2 rows"}
     assert path.read_text().startswith("# test fit\n")
+
+
+def test_a_fitted_file_holds_only_the_fitted_numbers(tmp_path):
+    """DeepSpeed's ZeRO-3 collective fraction is no longer fitted (#16): in fitted.yaml it is an
+    unknown key naming what the file may hold; a user's own training.yaml may still set it."""
+    from partita.simulator.overheads import TRAINING_FILE, load_overheads
+    path = tmp_path / "fitted.yaml"
+    path.write_text("fitted:\n  command: fit\n  sustained_matmul_fraction: {default: 0.5}\n"
+                    "  zero3_collective_fraction: {deepspeed: 0.6}\n")
+    with pytest.raises(PartitaError, match=r"fitted.yaml: zero3_collective_fraction: unknown key "
+                                           r"\(valid: sustained_matmul_fraction, rows, "):
+        load_overheads(TRAINING_FILE, fitted=path)
+    own = tmp_path / "training.yaml"
+    own.write_text("zero3_collective_fraction: {deepspeed: 0.6}\n")
+    assert load_overheads(own).zero3_collective_fraction == {"deepspeed": 0.6}
 
 
 def test_an_unknown_kind_is_a_usage_error_naming_the_choices(capsys):

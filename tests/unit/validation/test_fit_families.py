@@ -18,7 +18,8 @@ def test_families_come_from_the_catalog_and_the_fitted_file():
         a = [g for g in map(cat.gpu, cat.gpu_names()) if g.family == family]
         b = [g for g in map(cat.gpu, cat.gpu_names()) if g.family == of]
         assert a[0].peak_flops == b[0].peak_flops and a[0].extra["arch"] == b[0].extra["arch"]
-    assert [p.name for p in params(fams)][-1] == "zero3_collective_fraction.deepspeed"
+    # one sustained fraction per fitted family and nothing else (#16: ZeRO-3's fraction is not fitted)
+    assert [p.name for p in params(fams)] == [f"sustained_matmul_fraction.{f}" for f in fams.fitted]
 
 
 def test_a_row_on_a_new_family_adds_a_parameter_and_unknown_families_are_ignored():
