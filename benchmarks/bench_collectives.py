@@ -9,6 +9,7 @@ Then the number of collective evaluations per second on one core.
 """
 from __future__ import annotations
 
+import argparse
 import math
 import statistics
 import time
@@ -87,4 +88,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # No options: --help prints what the script prints; anything else is a usage error.
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

@@ -20,6 +20,7 @@ ran (8 bytes per score forward and backward). Without that pass the predicted ga
 """
 from __future__ import annotations
 
+import argparse
 import copy
 import sys
 from pathlib import Path
@@ -66,4 +67,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # No options: --help prints what the script prints; anything else is a usage error.
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

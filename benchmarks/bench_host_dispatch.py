@@ -28,6 +28,7 @@ the machine does not count.
 """
 from __future__ import annotations
 
+import argparse
 import torch
 import torch.nn.functional as F
 
@@ -123,4 +124,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # No options: --help prints what the script prints; anything else is a usage error.
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     main()

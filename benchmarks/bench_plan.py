@@ -177,13 +177,25 @@ def bench_search() -> None:
 PARTS = {"ilp": bench_ilp, "t5": bench_t5, "gpt3": bench_gpt3, "published": bench_published,
          "search": bench_search}
 
-if __name__ == "__main__":
-    wanted = sys.argv[1:] or list(PARTS)
+USAGE = f"usage: bench_plan.py [{' | '.join(PARTS)}] ...  (no part: every one)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the named parts (all without a name); an unknown part is a usage error (exit 2)."""
+    wanted = list(sys.argv[1:] if argv is None else argv)
+    if any(a in ("-h", "--help") for a in wanted):
+        print(USAGE)
+        return 0
     unknown = [name for name in wanted if name not in PARTS]
     if unknown:
-        print(f"usage: bench_plan.py [{' | '.join(PARTS)}] ...\nerror: unknown part "
-              f"{unknown[0]!r} (valid: {', '.join(PARTS)})", file=sys.stderr)
-        sys.exit(2)
-    for name in wanted:
+        print(f"{USAGE}\nerror: unknown part {unknown[0]!r} (valid: {', '.join(PARTS)})",
+              file=sys.stderr)
+        return 2
+    for name in wanted or list(PARTS):
         PARTS[name]()
         sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

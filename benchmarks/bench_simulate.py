@@ -9,6 +9,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -53,4 +54,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # No options: --help prints what the script prints; anything else is a usage error.
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

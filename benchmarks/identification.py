@@ -3,17 +3,17 @@
     python benchmarks/identification.py
 
 The fitted numbers (data/calibration/fitted.yaml: a sustained matmul fraction per GPU family) are
-fitted on every usable dev row at once
-(`benchmarks/fit_overheads.py`). A number that only one source's rows inform cannot be checked by
-leave-one-source-out: with that source left out, nothing sets it and its fold keeps the optimiser's
-start (1.0, the bound). Numbers informed by several sources can disagree, and the fit then settles
-between them, leaving each source's rows off by the disagreement whatever else is modelled.
+fitted on every usable dev row at once (`benchmarks/fit_overheads.py`). A number that only one
+source's rows inform cannot be checked by leave-one-source-out: with that source left out, nothing
+sets it and its fold keeps the optimiser's start (1.0, the bound). Numbers informed by several
+sources can disagree, and the fit then settles between them, leaving each source's rows off by the
+disagreement whatever else is modelled.
 
 For each fitted number this prints the sources whose rows depend on it, and the value each of them
 implies alone: the same optimiser and objective (`partita.fitting.step_time.fit`) on that source's
 rows only (the numbers those rows inform are fitted together; the numbers they do not inform do not
-matter to them). It prints the spread of the
-implied values (largest over smallest) and flags numbers one source identifies alone.
+matter to them). It prints the spread of the implied values (largest over smallest) and flags
+numbers one source identifies alone.
 
 Where a fraction's mechanism was measured on the device (a back-to-back 8192^3 bf16 matmul held for
 20 s at the board's power cap, `benchmarks/bench_gpu_kernels.py`, `first.sustained` of
@@ -23,6 +23,7 @@ quotes the result ("How good the predictions are").
 """
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
 import sys
@@ -116,4 +117,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # No options: --help prints what the script prints; anything else is a usage error.
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

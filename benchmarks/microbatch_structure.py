@@ -19,6 +19,7 @@ line (`fit`, in % of the step) says how well one line describes them.
 """
 from __future__ import annotations
 
+import argparse
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -82,4 +83,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # No options: --help prints what the script prints; anything else is a usage error.
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

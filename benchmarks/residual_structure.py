@@ -18,6 +18,7 @@ The README quotes both answers ("How good the predictions are").
 """
 from __future__ import annotations
 
+import argparse
 import math
 import sys
 from pathlib import Path
@@ -103,4 +104,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # No options: --help prints what the script prints; anything else is a usage error.
+    argparse.ArgumentParser(description=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())
