@@ -163,7 +163,7 @@ def test_validate_memory_summary_is_validates(capsys, tmp_path):
     frozen = sorted(frozen_row_ids(MEMORY_CSV) & set(rows.index))
     assert frozen and rows.loc[frozen, "predicted_step_s"].isna().all()
     assert rows.drop(index=frozen)["predicted_step_s"].notna().any()
-    assert "step times of 59 rows of a frozen test set are withheld" in (
+    assert "step times of 53 rows of a frozen test set are withheld" in (
         out / "validate.html").read_text()
 
 

@@ -724,12 +724,38 @@ def test_frozen_test_rows_are_never_fit_rows():
     sets = {s.name: s for s in load_frozen_sets()}
     bloom = sets["bloom-layouts"]
     memory_fit = validation.load_split(validation.MEMORY_SPLIT).fit
-    assert len(bloom.row_ids) == 59 and not set(bloom.row_ids) & set(validation.load_split().fit)
-    # BLMEM-27, -39, -61 repeat dev fit runs and are kept out
-    assert {"BLMEM-27", "BLMEM-39", "BLMEM-61"}.isdisjoint(bloom.row_ids)
+    assert len(bloom.row_ids) == 53 and not set(bloom.row_ids) & set(validation.load_split().fit)
+    # BLMEM-27, -39, -61 and -05, -30, -34, -41, -43, -64 repeat dev fit runs and are kept out
+    assert {"BLMEM-27", "BLMEM-39", "BLMEM-61", "BLMEM-05", "BLMEM-30", "BLMEM-34", "BLMEM-41",
+            "BLMEM-43", "BLMEM-64"}.isdisjoint(bloom.row_ids)
     assert memory_fit                                  # the memory fit rows' step times: never fitted
     # no frozen row is a row of the dev CSV, which the fits and the cross-validation read
     assert all(s.csv.resolve() != Path(DEFAULT_CSV).resolve() for s in sets.values())
+
+
+def test_no_frozen_row_is_a_fit_run_under_another_id():
+    """A frozen row must not repeat a run the fit is made on: the same model shape, layout, batch
+    and measured value under another id (BLMEM-34 is BLMSW-08's 136.13 s/iter, for one)."""
+    from partita.validation.frozen import load_frozen_sets
+    from partita.validation.rowmap import DEFAULT_CSV, read_rows
+
+    def cell(text: str):
+        try:
+            return float(text)                     # 72 and 72.0 are one number
+        except ValueError:
+            return text.strip()
+
+    def run(r: dict) -> tuple:
+        return tuple(cell(r.get(k, "")) for k in (
+            "layers", "hidden", "heads", "seq_len", "gpu", "num_gpus", "tp", "pp", "dp",
+            "micro_batch", "global_batch", "value", "unit"))
+
+    fit = set(validation.load_split().fit)
+    fit_runs = {run(r): r["id"] for r in read_rows(DEFAULT_CSV) if r["id"] in fit}
+    for s in load_frozen_sets():
+        frozen = {r["id"]: r for r in read_rows(s.csv)}
+        repeats = {i: fit_runs[run(frozen[i])] for i in s.row_ids if run(frozen[i]) in fit_runs}
+        assert not repeats, f"{s.name}: frozen rows repeat fit runs {repeats}"
 
 
 def _frozen_file(tmp_path, body: str) -> Path:
