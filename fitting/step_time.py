@@ -10,13 +10,10 @@ leave-one-source-out check (`validation.crossval`) runs the same function once p
 
 The fitted parameters are `params(families)`: one sustained matmul fraction per GPU family (the
 catalog's `gpus[].family`, `fitted_families`); every other number the simulator reads is measured,
-published or chosen and is read from the file as it stands. DeepSpeed's ZeRO-3 collective fraction
-is no longer fitted: one source's rows alone informed it (Narayanan et al. 2021's six ZeRO-3 runs),
-so leave-one-source-out could never check it, and they disagree within themselves (the three 175B
-runs sit at 1.0 and the three 530B runs near 0.5): a per-framework constant cannot be what differs
-between them (`simulator.overheads`). A row
-only reads the parameters of its GPU family, precision and framework, so its prediction is cached
-on those values: a finite-difference column for the V100 fraction re-simulates the V100 rows only.
+published or chosen and is read from the file as it stands (DeepSpeed's ZeRO-3 collective fraction
+is no longer fitted: `simulator.overheads` says why). A row only reads the parameters of its GPU
+family, precision and framework, so its prediction is cached on those values: a finite-difference
+column for the V100 fraction re-simulates the V100 rows only.
 """
 from __future__ import annotations
 

@@ -249,9 +249,10 @@ def _fsdp(env: StepEnv, decoder: bool, fwd: float, bwd: float,
     of per-rank tensors, which costs `Overheads.list_collective` per call: per rank, host work and a
     copy of that rank's share (`copy_s(bytes)`: read and write, at least the GPU's shortest kernel).
     The framework's collectives run at its `zero3_collective_fraction` of the modelled bandwidth
-    (1.0 unless a user's training.yaml sets one: `simulator.overheads`). They run in the ZeRO shard group; under hybrid sharding (`parallel.data_shard`, FSDP
-    HYBRID_SHARD) each block's gradient shard is then all-reduced in the replica group, after the
-    reduce-scatter (FSDP's `_reduce_grad`), so the two add up."""
+    (1.0 unless a user's training.yaml sets one: `simulator.overheads`). They run in the ZeRO shard
+    group; under hybrid sharding (`parallel.data_shard`, FSDP HYBRID_SHARD) each block's gradient
+    shard is then all-reduced in the replica group, after the reduce-scatter (FSDP's
+    `_reduce_grad`), so the two add up."""
     ctx, topo, oh = env.ctx, env.topo, env.oh
     p, t = ctx.parallel, ctx.training
     params = block_parameters(ctx.dims, decoder=decoder) / p.tensor
