@@ -35,7 +35,7 @@ DEFAULT_HEADROOM = 0.05                               # of the usable memory, ke
 # of "pytorch allocator cache flushes since last step ... detrimental to performance",
 # deepspeed/runtime/zero/stage3.py), which the step model has no term for. The evidence is mixed, so
 # it is a flag, not a penalty or a planner rule: the two dev runs predicted above it (BLOOM's BLMSW-02
-# and -08, 98% and 94%) measured 21-22% slower than predicted, while in the frozen test's BLOOM jobs
+# and -08, 98% and 94%) measured 20-23% slower than predicted, while in the frozen test's BLOOM jobs
 # layouts predicted above it were the measured fastest as often as not.
 MEMORY_PRESSURE_FRACTION = 0.90
 

@@ -59,6 +59,14 @@ class Candidate:
     def ok(self) -> bool:
         return self.error is None and self.fits and self.within_budget
 
+    @property
+    def near_memory_capacity(self) -> bool:
+        """Fits, but above MEMORY_PRESSURE_FRACTION of the GPU's memory, as `simulate` flags a
+        step NEAR CAPACITY (`SimResult.near_memory_capacity`; planner.layergraph says why)."""
+        from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
+        return bool(self.fits and self.peak_memory_gib is not None and self.memory_capacity_gib
+                    and self.peak_memory_gib > MEMORY_PRESSURE_FRACTION * self.memory_capacity_gib)
+
 
 COLUMNS = ("system", "nodes", "gpus", "tensor", "pipeline", "context", "data", "micro_batch",
            "schedule", "virtual_stages", "recompute", "recompute_layers", "zero", "data_shard",
@@ -97,6 +105,7 @@ class PlanResult:
                 "pruned": self.pruned, "seconds": self.seconds, "solver": self.solver,
                 "notes": list(self.notes), "best": self.best,
                 "candidates": [{k: getattr(c, k) for k in COLUMNS}
+                               | {"near_memory_capacity": c.near_memory_capacity}
                                | {"stages": [list(s) for s in c.stages] if c.stages else None}
                                for c in cands]}
 

@@ -183,10 +183,16 @@ def format_table(result, top: int) -> str:
                      f"{_money(c.usd_high):>11} {_money(c.usd_spot):>11}"
                      if c.days is not None else "")
         flags = ("  pareto" if c.pareto else "") + ("" if c.within_budget else "  over budget") + (
+            "  near capacity" if c.near_memory_capacity else "") + (
             f"  split {c.split}" if c.split != "even" else "")
         lines.append(line + flags)
     if result.tokens:
         lines.append("  (slow: days and dollars at the slow end of the step time's 90% interval)")
+    if any(c.error is None and c.near_memory_capacity for c in rows):
+        from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
+        lines.append(f"  (near capacity: above {100 * MEMORY_PRESSURE_FRACTION:.0f}% of the GPU's "
+                     "memory, where allocator cache flushes can slow the step and the prediction "
+                     "has no term for them; --headroom F keeps a fraction free)")
     return "\n".join(lines)
 
 

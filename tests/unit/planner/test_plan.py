@@ -208,6 +208,29 @@ def test_cli_plan_shows_each_plans_interval_and_slow_budget(tmp_path, capsys):
     assert exc.value.code == 2 and "invalid choice: 'fastest'" in capsys.readouterr().err
 
 
+def test_plans_near_memory_capacity_are_flagged_as_simulate_flags_them():
+    """A plan that fits above MEMORY_PRESSURE_FRACTION of the GPU's memory carries the flag
+    `simulate` prints (NEAR CAPACITY), in the table with its legend and in --json."""
+    from dataclasses import replace
+    from partita.commands.plan import format_table
+    from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
+    r = plan(small(), catalog=CATALOG, evaluate=fake_evaluate)
+    base = next(c for c in r.candidates if c.ok)
+    cap = base.memory_capacity_gib
+    tight = replace(base, peak_memory_gib=(MEMORY_PRESSURE_FRACTION + 0.05) * cap)
+    roomy = replace(base, peak_memory_gib=(MEMORY_PRESSURE_FRACTION - 0.05) * cap)
+    over = replace(base, peak_memory_gib=1.1 * cap, fits=False)
+    assert tight.near_memory_capacity and not roomy.near_memory_capacity
+    assert not over.near_memory_capacity                      # does not fit: another flag ("!")
+    text = format_table(replace(r, candidates=(roomy, tight)), top=2)
+    rows = text.splitlines()[2:4]
+    assert "near capacity" not in rows[0] and rows[1].endswith("near capacity")
+    assert f"(near capacity: above {100 * MEMORY_PRESSURE_FRACTION:.0f}% of the GPU's memory" in text
+    assert "(near capacity:" not in format_table(replace(r, candidates=(roomy,)), top=1)
+    cands = replace(r, candidates=(roomy, tight)).to_json()["candidates"]
+    assert [c["near_memory_capacity"] for c in cands] == [False, True]
+
+
 def test_plans_within_the_ratio_error_of_the_best_are_named():
     from partita.commands.plan import comparison_line, within_tolerance
     from partita.simulator.interval import RatioTolerance
