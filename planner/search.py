@@ -73,10 +73,10 @@ def plan(scenario, *, catalog, evaluate: Callable[[Scenario], Any] | None = None
     deadline = None if time_budget_s is None else started + 0.7 * time_budget_s
     pruned = _time_layouts(run, deadline=deadline, max_evaluations=max_evaluations)
     _expand_schedules(run, top_layouts)
-    solver = _refine_splits(run, refine)
-    run.say(f"split: {solver or 'even'}; best {run.best_text()}")
+    splits = _refine_splits(run, refine)
+    run.say(f"split: {_split_line(run.top(1), splits) or 'even'}; best {run.best_text()}")
     return run.result(objective=objective, max_cost=max_cost, max_days=max_days, bound=bound,
-                      pruned=pruned, seconds=time.perf_counter() - started, solver=solver)
+                      pruned=pruned, seconds=time.perf_counter() - started, splits=splits)
 
 
 def _read_options(scenario, *, catalog, objective: str, headroom: float, optimize: str | None,
@@ -205,17 +205,35 @@ def _node_shard(run: _Run, lay: Layout) -> int | None:
     run.say(f"schedules: {run.evaluated} simulations, best {run.best_text()}")
 
 
-def _refine_splits(run: _Run, refine: int) -> str:
-    """Step 4: the ILP split for the best `refine` plans; (the first plan's solver line)."""
+def _refine_splits(run: _Run, refine: int) -> dict[tuple, str]:
+    """Step 4: the ILP split for the best `refine` plans; {plan key (`_split_key`): the solver
+    line of its ILP split, or why it kept the even one}."""
     spec = run.spec
-    solver = ""
+    lines = {}
     for cand in run.top(refine if "stages" not in spec.fixed else 0):
         better, text = refine_stages(cand, spec=spec, catalog=run.catalog, run=run)
-        solver = solver or text
+        lines[_split_key(cand)] = text
         if spec.optimize == "memory" and better is not None and better.error is None \
                 and better.fits:            # SageMaker's optimize: memory: the leaner split is
             run.results.remove(cand)        # the user's choice, not a rival judged on speed
-    return solver
+    return lines
+
+
+def _split_key(cand) -> tuple:
+    """What a plan's layer split is refined for: its layout, schedule and reduction."""
+    return layout_of(cand), cand.schedule, cand.virtual_stages, cand.grad_reduce
+
+
+def _split_line(plans, splits: dict[tuple, str]) -> str:
+    """The solver line of the first of `plans`: its ILP split's, or what the refinement said of
+    its even split ("same split as the default", why no ILP split was used); empty for a plan
+    without a pipeline or one the refinement did not reach."""
+    if not plans:
+        return ""
+    best = plans[0]
+    if best.split.startswith("ilp (") and best.split.endswith(")"):
+        return best.split[len("ilp ("):-1]
+    return splits.get(_split_key(best), "")
 
 
 def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str]]:
@@ -398,7 +416,7 @@ class _Run:
 
     def result(self, *, objective: str, max_cost, max_days, pruned: int, seconds: float,
                bound: str = "predicted",
-               solver: str) -> PlanResult:
+               splits: dict[tuple, str]) -> PlanResult:
         cands = [_budget(c, max_cost, max_days, bound) for c in self.results]
         cands = _mark_pareto(cands)
         key = _objective_key(objective)
@@ -419,7 +437,8 @@ class _Run:
                 self.spec.dims.total_layers, par)]
         return PlanResult(best=doc, candidates=tuple(ok + rest + tight + failed),
                           objective=objective, tokens=self.tokens, evaluated=self.evaluated,
-                          pruned=pruned, seconds=seconds, solver=solver, notes=tuple(self.notes))
+                          pruned=pruned, seconds=seconds, solver=_split_line(ok, splits),
+                          notes=tuple(self.notes))
 
 
 def _no_plan(spec: PlanSpec, rest, tight, failed, max_cost, max_days, objective,

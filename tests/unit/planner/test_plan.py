@@ -231,6 +231,22 @@ def test_plans_near_memory_capacity_are_flagged_as_simulate_flags_them():
     assert [c["near_memory_capacity"] for c in cands] == [False, True]
 
 
+def test_the_summary_split_line_is_the_chosen_plans_not_another_plans():
+    """The `split:` of plan's first line describes the best plan's layer split: its ILP split,
+    or what refining its even split said; another plan's failed ILP split is not it."""
+    from dataclasses import replace
+    from partita.planner.search import _split_key, _split_line
+    r = plan(small(), catalog=CATALOG, evaluate=fake_evaluate)
+    best, other = [c for c in r.candidates if c.ok][:2]
+    failed = {_split_key(other): "ILP split not used: no split into 2 pipeline stages fits"}
+    assert _split_line([best, other], failed) == ""              # the best was not refined
+    kept = failed | {_split_key(best): "HiGHS, optimal, same split as the default"}
+    assert _split_line([best, other], kept) == "HiGHS, optimal, same split as the default"
+    refined = replace(best, split="ilp (HiGHS, optimal, gap 0.50%)")
+    assert _split_line([refined], failed) == "HiGHS, optimal, gap 0.50%"
+    assert _split_line([], kept) == ""
+
+
 def test_plans_within_the_ratio_error_of_the_best_are_named():
     from partita.commands.plan import comparison_line, within_tolerance
     from partita.simulator.interval import RatioTolerance
