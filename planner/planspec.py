@@ -130,21 +130,22 @@ class PlanSpec:
                 "a GPU with more memory (--systems) or fewer fixed fields")
 
 
-def _document(scenario) -> tuple[dict[str, Any], str]:
+def _document(scenario, origin: str | None = None) -> tuple[dict[str, Any], str]:
     if isinstance(scenario, Scenario):
-        return scenario.to_dict(), scenario.origin or "scenario"
+        return scenario.to_dict(), scenario.origin or origin or "scenario"
     if isinstance(scenario, dict):
-        return copy.deepcopy(scenario), "scenario"
+        return copy.deepcopy(scenario), origin or "scenario"
     path = find_scenario_file(scenario)
     return load_document(path), str(path)
 
 
 def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
-              executable: bool = False) -> PlanSpec:
+              executable: bool = False, origin: str | None = None) -> PlanSpec:
     """`executable`: only plans `partita run` executes (no context or sequence parallelism for
     T5, context dividing seq_len / 2, tensor dividing the k/v heads, fp32/tf32/fp16/bf16); a
-    fixed field that contradicts it is an error naming the key."""
-    doc, origin = _document(scenario)
+    fixed field that contradicts it is an error naming the key. `origin`: the name errors give a
+    document passed as a mapping (a file read elsewhere)."""
+    doc, origin = _document(scenario, origin)
     doc, kept = translate(doc, origin, searching=True)
     cluster, raw_par, raw_train = _sections(doc, origin)
     where = f"{origin}: "

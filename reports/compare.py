@@ -202,15 +202,24 @@ def plan_candidates(file, *, catalog, systems: Sequence[str], objective: str = "
     node count (`nodes`), or one search up to the largest GPU count of `gpus` = (low, high),
     keeping counts from `low` up. The scenario's model and training settings are kept; its
     cluster, parallel section and micro-batch are what the comparison searches, so they are
-    released. A size the planner cannot serve becomes a row with its reason."""
-    from partita.planner.scenario import find_scenario_file, load_scenario
+    released, so the file may leave them open as `partita plan` takes it. A size the planner
+    cannot serve becomes a row with its reason; a file it cannot read at all is an error."""
+    from partita.planner.documents import load_document
+    from partita.planner.planspec import read_spec
+    from partita.planner.scenario import find_scenario_file
     from partita.planner.search import plan
-    doc = load_scenario(find_scenario_file(file)).to_dict()
+    path = find_scenario_file(file)
+    doc = load_document(path)
+    if not isinstance(doc, dict):
+        raise PartitaError(f"{path}: expected a mapping at the top level")
     for key in ("cluster", "parallel"):
         doc.pop(key, None)
-    doc.get("training", {}).pop("micro_batch", None)
+    if isinstance(doc.get("training"), dict):
+        doc["training"].pop("micro_batch", None)
     searches = ([{"nodes": n} for n in nodes] if nodes is not None
                 else [{"max_gpus": gpus[1]}])
+    read_spec(doc, catalog=catalog, systems=list(systems), origin=str(path),   # the file's errors
+              **searches[0])
     frames = []
     for i, size in enumerate(searches, 1):
         if progress is not None:

@@ -120,3 +120,24 @@ def test_compare_rejects_both_sizes_and_bad_budgets(tmp_path, capsys):
         assert main(["report", "compare", "gpt2-xl-p3", "--systems", "p3.16xlarge",
                      *extra, "-o", str(tmp_path / "x")]) == 1
         assert capsys.readouterr().err.startswith("error: ")
+
+
+def test_compare_takes_a_scenario_that_leaves_cluster_and_parallel_open(tmp_path, capsys):
+    """What `partita plan` takes, `report compare` takes: the comparison searches the cluster and
+    the layout, so a file that leaves them open is not refused for lacking them; a file whose
+    model is wrong is one error line naming the file, and nothing is written."""
+    open_doc = tmp_path / "open.yaml"
+    open_doc.write_text("name: open\nmodel: {preset: gpt2-xl}\n"
+                        "training: {global_batch: 64, precision: fp16}\n")
+    out = tmp_path / "cmp"
+    assert main(["report", "compare", str(open_doc), "--systems", "p3.16xlarge",
+                 "--gpus", "8-16", "-o", str(out)]) == 0
+    assert set(pd.read_csv(out / "compare.csv")["gpus"]) == {8, 16}
+    capsys.readouterr()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: {preset: gpt2-xxl}\ntraining: {global_batch: 64, precision: fp16}\n")
+    assert main(["report", "compare", str(bad), "--systems", "p3.16xlarge", "--gpus", "8-16",
+                 "-o", str(tmp_path / "never")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad}: model.preset: unknown model preset")
+    assert not (tmp_path / "never").exists()
