@@ -213,7 +213,9 @@ def plan_candidates(file, *, catalog, systems: Sequence[str], objective: str = "
     if not isinstance(doc, dict):
         raise PartitaError(f"{path}: expected a mapping at the top level")
     for key in ("cluster", "parallel"):
-        doc.pop(key, None)
+        released = doc.pop(key, None)
+        if released is not None and not isinstance(released, dict):
+            raise PartitaError(f"{path}: {key}: expected a mapping, got {released!r}")
     if isinstance(doc.get("training"), dict):
         doc["training"].pop("micro_batch", None)
     searches = ([{"nodes": n} for n in nodes] if nodes is not None

@@ -141,3 +141,9 @@ def test_compare_takes_a_scenario_that_leaves_cluster_and_parallel_open(tmp_path
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith(f"error: {bad}: model.preset: unknown model preset")
     assert not (tmp_path / "never").exists()
+    bad.write_text("model: {preset: gpt2-xl}\ntraining: {global_batch: 64, precision: fp16}\n"
+                   "cluster: 7\n")                    # released, but still not a cluster
+    assert main(["report", "compare", str(bad), "--systems", "p3.16xlarge", "--gpus", "8-16",
+                 "-o", str(tmp_path / "never")]) == 1
+    assert capsys.readouterr().err.strip() == f"error: {bad}: cluster: expected a mapping, got 7"
+    assert not (tmp_path / "never").exists()
