@@ -3,9 +3,10 @@ mechanisms the cost model prices, as data (data/frameworks.yaml) rather than bra
 
 One frozen record per framework, as Megatron-Core keeps one config dataclass per subsystem
 (`DistributedDataParallelConfig`): which pipeline sends block, how ZeRO-3 gathers parameters, which
-extra gradient buffers and per-micro-batch passes it runs. Fitted per-framework numbers (sustained
-fraction, ZeRO-3 collective fraction, reserved buffers) stay with the fits in data/calibration and
-are looked up there by the framework's name.
+extra gradient buffers and per-micro-batch passes it runs. Numbers per framework (the fitted
+reserved buffers in fitted_memory.yaml; a kernel or ZeRO-3 collective fraction a user's own
+training.yaml may set, none shipped) stay in data/calibration and are looked up there by the
+framework's name.
 """
 from __future__ import annotations
 
