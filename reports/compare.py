@@ -58,7 +58,13 @@ def plan_text(row) -> str:
         shard = row.get("data_shard") if hasattr(row, "get") else None
         if shard is not None and not pd.isna(shard):       # an optional column (older tables lack it)
             text += f" sharded by {int(shard)}"
-    return text + f", {row['grad_reduce']}"
+    text += f", {row['grad_reduce']}"
+    peak, cap = row.get("peak_memory_gib"), row.get("memory_capacity_gib")
+    if peak is not None and cap is not None and not (pd.isna(peak) or pd.isna(cap)):
+        from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
+        if MEMORY_PRESSURE_FRACTION * cap < peak <= cap:      # as `plan` and `simulate` flag it
+            text += f", near capacity ({peak:.1f} of {cap:.0f} GiB)"
+    return text
 
 
 def _usable(frame: pd.DataFrame) -> pd.DataFrame:

@@ -147,3 +147,14 @@ def test_compare_takes_a_scenario_that_leaves_cluster_and_parallel_open(tmp_path
                  "-o", str(tmp_path / "never")]) == 1
     assert capsys.readouterr().err.strip() == f"error: {bad}: cluster: expected a mapping, got 7"
     assert not (tmp_path / "never").exists()
+
+
+def test_a_best_plan_near_memory_capacity_says_so_as_plan_does():
+    """The comparison's plan text flags a plan above 90% of the GPU's memory (the threshold of
+    `simulate`'s NEAR CAPACITY and `plan`'s `near capacity`), and only one that fits."""
+    frame = candidates()
+    plain = best_plans(frame)
+    assert not plain["plan"].str.contains("near capacity").any()     # 60 of 80 GiB
+    frame["peak_memory_gib"] = frame["peak_memory_gib"].where(~frame["fits"].astype(bool), 76.0)
+    tight = best_plans(frame)
+    assert tight["plan"].str.endswith(", near capacity (76.0 of 80 GiB)").all()
