@@ -40,6 +40,12 @@ DEFAULT_HEADROOM = 0.05                               # of the usable memory, ke
 MEMORY_PRESSURE_FRACTION = 0.90
 
 
+def near_memory_capacity(peak: float, capacity: float) -> bool:
+    """Fits in `capacity`, but above MEMORY_PRESSURE_FRACTION of it (both in one unit): what
+    `simulate` flags NEAR CAPACITY and `plan` and `report compare` flag near capacity."""
+    return MEMORY_PRESSURE_FRACTION * capacity < peak <= capacity
+
+
 @lru_cache(maxsize=1)
 def _memory_calibration() -> dict:
     """memory.yaml's measured and chosen reserve with fitted_memory.yaml's fitted numbers."""

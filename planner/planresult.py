@@ -63,9 +63,9 @@ class Candidate:
     def near_memory_capacity(self) -> bool:
         """Fits, but above MEMORY_PRESSURE_FRACTION of the GPU's memory, as `simulate` flags a
         step NEAR CAPACITY (`SimResult.near_memory_capacity`; planner.layergraph says why)."""
-        from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
+        from partita.planner.layergraph import near_memory_capacity
         return bool(self.fits and self.peak_memory_gib is not None and self.memory_capacity_gib
-                    and self.peak_memory_gib > MEMORY_PRESSURE_FRACTION * self.memory_capacity_gib)
+                    and near_memory_capacity(self.peak_memory_gib, self.memory_capacity_gib))
 
 
 COLUMNS = ("system", "nodes", "gpus", "tensor", "pipeline", "context", "data", "micro_batch",

@@ -61,8 +61,8 @@ def plan_text(row) -> str:
     text += f", {row['grad_reduce']}"
     peak, cap = row.get("peak_memory_gib"), row.get("memory_capacity_gib")
     if peak is not None and cap is not None and not (pd.isna(peak) or pd.isna(cap)):
-        from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
-        if MEMORY_PRESSURE_FRACTION * cap < peak <= cap:      # as `plan` and `simulate` flag it
+        from partita.planner.layergraph import near_memory_capacity
+        if near_memory_capacity(peak, cap):                 # as `plan` and `simulate` flag it
             text += f", near capacity ({peak:.1f} of {cap:.0f} GiB)"
     return text
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from partita.planner.layergraph import MEMORY_PRESSURE_FRACTION
+from partita.planner.layergraph import near_memory_capacity
 from partita.planner.units import GIB
 
 
@@ -53,9 +53,8 @@ class SimResult:
 
     @property
     def near_memory_capacity(self) -> bool:
-        """Fits, but above MEMORY_PRESSURE_FRACTION of the GPU's memory (see there)."""
-        return self.fits_in_memory and (
-            self.peak_memory_bytes > MEMORY_PRESSURE_FRACTION * self.memory_capacity_bytes)
+        """Fits, but above MEMORY_PRESSURE_FRACTION of the GPU's memory (planner.layergraph)."""
+        return near_memory_capacity(self.peak_memory_bytes, self.memory_capacity_bytes)
 
     @property
     def usd_per_step(self) -> float | None:
