@@ -64,9 +64,24 @@ def standin(monkeypatch):
 
 def test_shipped_csv_has_the_published_rows_and_columns():
     rows = read_rows()
-    assert len(rows) == 243
+    assert len(rows) == 257
     assert set(rows[0]) == set(COLUMNS) - {"peak_memory_GiB"}    # the optional column is absent
     assert all(r["source"] and r["locator"] for r in rows)     # provenance kept
+
+
+def test_bert_multi_node_table_rows_run_their_precision_column(mapped):
+    """NVIDIA BERT's multi-node table, phase 1: the TF32 column at 128 sequences per GPU (the table's
+    cell reads 126; 8192 accumulated over 64 steps on one node), fp16 at 256; 65,536 sequences a
+    step at every node count, so the step is 65,536 / throughput. Its phase 2 rows stay excluded."""
+    tf32, fp16 = mapped["DLEBERT-27"], mapped["DLEBERT-10"]       # 8 nodes, both columns
+    assert (tf32.scenario.training.precision, fp16.scenario.training.precision) == ("tf32", "fp16")
+    assert (tf32.scenario.training.micro_batch, fp16.scenario.training.micro_batch) == (128, 256)
+    assert tf32.scenario.training.global_batch == fp16.scenario.training.global_batch == 65536
+    assert tf32.measured_step_s == pytest.approx(65536 / 19815)
+    assert mapped["DLEBERT-23"].measured_step_s == pytest.approx(65536 / 18119)    # 4 nodes, fp16
+    for i in range(30, 37):                                        # phase 2: seq 512
+        row = mapped[f"DLEBERT-{i}"]
+        assert isinstance(row, SkippedRow) and "phase 2" in row.reason
 
 
 def test_flash_attention_2_table_rows_run_the_kernel_of_their_column(mapped):
