@@ -137,8 +137,9 @@ class Overheads:
         """The fraction of its sweep rate a matmul of `precision` keeps in a training run on `gpu`
         under `framework`: the family's sustained fraction (times the fp8 one for fp8) on tensor
         cores; fp32 on a tensor-core GPU's CUDA cores keeps the sweep rate
-        (`simulator.compute.cuda_core_matmul`: NVIDIA's V100 FP32 BERT-large runs, DLEBERT-15
-        and -19, land within 3% of it, 47-52% faster than the fitted fraction made them)."""
+        (`simulator.compute.cuda_core_matmul`: under the shipped fit NVIDIA's V100 FP32 BERT-large
+        runs, DLEBERT-15 and -19, come out 9% and 12% fast at the sweep rate, and 27% and 23% slow
+        with the V100 family's fraction, which their 16-bit runs and Megatron-LM 2019's set)."""
         from partita.simulator.compute import cuda_core_matmul
         if cuda_core_matmul(gpu, precision):
             return self.framework(framework)
