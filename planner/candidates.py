@@ -15,7 +15,7 @@ from partita.planner.costmodel import analytic_profile
 from partita.planner.enums import WHOLE_FORWARD_AGAIN
 from partita.planner.layergraph import bytes_per_parameter
 from partita.planner.modelspec import TransformerDims
-from partita.planner.scenario import ParallelSpec, TrainingSpec
+from partita.planner.scenario import ParallelSpec, TrainingSpec, tensor_ok
 
 RECOMPUTE_ORDER = ("none", "selective", "selective-op", "full")   # from least recomputed to most
 # What the search tries where the scenario does not fix training.recompute; torchtitan's op-level
@@ -75,8 +75,7 @@ def layouts(dims: TransformerDims, training: TrainingSpec, *, system: str, gpus:
     `micro_batches` None: every divisor of the per-replica batch up to MAX_MICRO_BATCH."""
     nodes = -(-gpus // gpus_per_node)
     ts = [fixed["tensor"]] if "tensor" in fixed else [
-        t for t in divisors(gpus) if t <= gpus_per_node and dims.heads % t == 0
-        and dims.ffn_hidden % t == 0 and (dims.kv_heads % t == 0 or t % dims.kv_heads == 0)]
+        t for t in divisors(gpus) if t <= gpus_per_node and tensor_ok(dims, t)]
     cs = [fixed["context"]] if "context" in fixed else [1] + [
         c for c in (2 ** k for k in range(1, 12)) if c <= gpus and dims.seq_len % c == 0
         and dims.seq_len >= CONTEXT_FROM_SEQ and dims.seq_len // c >= MIN_CONTEXT_TOKENS]

@@ -4,8 +4,9 @@
 document or a `Scenario`; keys the document gives under `parallel`, `training.micro_batch`,
 `training.recompute` and `cluster` are fixed, the rest is searched. Contradictions between the
 document and the search options (a system outside --systems, more GPUs than --max-gpus, fixed
-degrees that cannot multiply to the GPU count, more stages than layers) are a `PartitaError`
-naming the key and what would be valid.
+degrees that cannot multiply to the GPU count, more stages than layers, a fixed tensor or context
+degree that does not split the model, a fixed micro-batch that does not divide the batch) are a
+`PartitaError` naming the key and what would be valid, before anything is searched.
 """
 from __future__ import annotations
 
@@ -20,8 +21,8 @@ from partita.planner.enums import EXECUTED_PRECISIONS
 from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.sagemaker import translate
-from partita.planner.scenario import (PARALLEL_KEYS, Scenario, check_kernel_forms,
-                                      find_scenario_file, parse_scenario)
+from partita.planner.scenario import (PARALLEL_KEYS, ParallelSpec, Scenario, check_dims,
+                                      check_kernel_forms, find_scenario_file, parse_scenario)
 
 VIRTUAL_CHOICES = (2, 3, 4, 6, 8)
 
@@ -161,7 +162,8 @@ def read_spec(scenario, *, catalog, systems=None, max_gpus=None, nodes=None,
         fixed["data"] = 1
     if executable:
         _fix_executable(fixed, base, dims, where)
-    _check_fixed(fixed, dims, base.training.global_batch, fixed_gpus, where)
+    _check_fixed(fixed, dims, base.training.global_batch, fixed_gpus, where,
+                 base.training.micro_batch if "micro_batch" in raw_train else None)
     check_kernel_forms(base.training, dims, where)
     scenario = base.with_parallel(None)
     return PlanSpec(scenario=scenario, dims=dims, origin=origin, systems=systems, fixed=fixed,
@@ -273,8 +275,12 @@ def _fix_executable(fixed: dict, base: Scenario, dims: TransformerDims, where: s
 
 
 def _check_fixed(fixed: dict, dims: TransformerDims, gb: int, fixed_gpus: int | None,
-                 where: str) -> None:
-    """The fixed degrees against the model's layers, the global batch and the GPU count."""
+                 where: str, micro_batch: int | None = None) -> None:
+    """The fixed degrees (and the fixed micro-batch, where the document gives one) against the
+    model's heads, FFN width, sequence and layers, the global batch and the GPU count."""
+    split = {k: fixed[k] for k in ("tensor", "context", "sequence_parallel") if k in fixed}
+    if split:                        # the degrees that must split the model, as a scenario's must
+        check_dims(dims, ParallelSpec(**split), lambda msg: PartitaError(f"{where}{msg}"))
     chunks = fixed.get("pipeline", 1) * fixed.get("virtual_stages", 1)
     if chunks > dims.total_layers:
         raise PartitaError(f"{where}parallel.pipeline*virtual_stages ({chunks}) exceeds the model's "
@@ -288,3 +294,19 @@ def _check_fixed(fixed: dict, dims: TransformerDims, gb: int, fixed_gpus: int | 
         if prod != fixed_gpus:
             raise PartitaError(f"{where}parallel: tensor*pipeline*context*data = {prod} but "
                                f"cluster.gpus is {fixed_gpus}; leave one of them out to search it")
+    degrees = [k for k in ("tensor", "pipeline", "context", "data") if k in fixed]
+    prod = 1
+    for k in degrees:
+        prod *= fixed[k]
+    if fixed_gpus is not None and fixed_gpus % prod:
+        raise PartitaError(f"{where}parallel: {'*'.join(degrees)} = {prod} does not divide "
+                           f"cluster.gpus ({fixed_gpus}); the degrees multiply to the GPU count")
+    if micro_batch is not None:
+        share = gb // fixed["data"] if "data" in fixed else gb
+        if share % micro_batch:
+            of = (f"training.global_batch / parallel.data ({gb} / {fixed['data']} = {share})"
+                  if "data" in fixed else f"training.global_batch ({gb})")
+            raise PartitaError(f"{where}training.micro_batch ({micro_batch}) does not divide {of}; "
+                               "valid micro-batches: "
+                               + ", ".join(str(m) for m in range(1, min(share, 64) + 1)
+                                           if share % m == 0))

@@ -591,7 +591,7 @@ def check_plan(s: Scenario, gpus: int, dims: TransformerDims | None = None) -> N
                    f"optimizer_impl fused")
     dims = dims if dims is not None else _dims_or_none(s)
     if dims is not None:
-        _check_dims(dims, p, fail)
+        check_dims(dims, p, fail)
 
 
 def _dims_or_none(s: Scenario) -> TransformerDims | None:
@@ -600,7 +600,21 @@ def _dims_or_none(s: Scenario) -> TransformerDims | None:
     return None
 
 
-def _check_dims(d: TransformerDims, p: ParallelSpec, fail) -> None:
+def tensor_ok(d: TransformerDims, t: int) -> bool:
+    """Whether tensor parallelism of degree `t` splits the model: the attention heads and the FFN
+    width divide by it, and the k/v heads divide it or it them (Megatron-LM's GQA split)."""
+    return (d.heads % t == 0 and d.ffn_hidden % t == 0
+            and (d.kv_heads % t == 0 or t % d.kv_heads == 0))
+
+
+def tensor_degrees(d: TransformerDims) -> list[int]:
+    """Every tensor-parallel degree that splits the model (`tensor_ok`)."""
+    return [t for t in range(1, d.heads + 1) if tensor_ok(d, t)]
+
+
+def check_dims(d: TransformerDims, p: ParallelSpec, fail) -> None:
+    """The parallel degrees against the model's layers, heads, FFN width and sequence; `fail(msg)`
+    makes the error (the caller's prefix: file and section)."""
     chunks = p.pipeline * p.virtual_stages
     if p.layout is not None and p.stages[-1][1] != d.total_layers:
         raise fail(f"parallel.layout has {p.stages[-1][1]} transformer blocks (t), but the model has "
@@ -614,13 +628,16 @@ def _check_dims(d: TransformerDims, p: ParallelSpec, fail) -> None:
                    "or parallel.layout)")
     # uneven counts are fine: without parallel.stages, planner.stages.with_default_stages splits
     # them by the planner's balanced split
+    valid = f"; valid parallel.tensor: {', '.join(map(str, tensor_degrees(d)))}"
     if d.heads % p.tensor:
-        raise fail(f"model.heads ({d.heads}) must be divisible by parallel.tensor ({p.tensor})")
+        raise fail(f"model.heads ({d.heads}) must be divisible by parallel.tensor ({p.tensor})"
+                   + valid)
     if d.kv_heads % p.tensor and p.tensor % d.kv_heads:
         raise fail(f"model.kv_heads ({d.kv_heads}) and parallel.tensor ({p.tensor}): one must "
-                   "divide the other")
+                   "divide the other" + valid)
     if d.ffn_hidden % p.tensor:
-        raise fail(f"model.ffn_hidden ({d.ffn_hidden}) must be divisible by parallel.tensor ({p.tensor})")
+        raise fail(f"model.ffn_hidden ({d.ffn_hidden}) must be divisible by parallel.tensor "
+                   f"({p.tensor})" + valid)
     if d.seq_len % p.context:
         raise fail(f"model.seq_len ({d.seq_len}) must be divisible by parallel.context ({p.context})")
     if p.sequence_parallel and (d.seq_len // p.context) % p.tensor:

@@ -108,8 +108,10 @@ def _time_layouts(run: _Run, *, deadline: float | None, max_evaluations: int | N
     """Steps 1-2: time the layouts with the default schedule, most promising first, until the
     deadline or --max-evaluations; (the number pruned by the rules and the memory floor)."""
     spec, catalog = run.spec, run.catalog
-    groups, pruned, skipped = _layouts(spec, catalog)
+    groups, pruned, skipped, unsupported = _layouts(spec, catalog)
     run.notes.extend(skipped)
+    if not groups and len(unsupported) == len(spec.systems):     # no system runs the precision
+        raise PartitaError(f"{spec.origin}: training.precision: " + "; ".join(unsupported))
     if not groups:
         raise PartitaError(f"{spec.origin}: no layout passes the rules and fits in memory "
                            f"({pruned} tried): " + spec.no_layout_hint()
@@ -236,18 +238,20 @@ def _split_line(plans, splits: dict[tuple, str]) -> str:
     return splits.get(_split_key(best), "")
 
 
-def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str]]:
+def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str], list[str]]:
     """Layouts that pass the rules and the memory floor, grouped by everything but recompute
-    and ZeRO; each group ordered by ZeRO stage, then recompute from none to full. Systems that
-    cannot run the scenario at all (precision) are skipped with the reason."""
+    and ZeRO; each group ordered by ZeRO stage, then recompute from none to full; the number
+    pruned; the skip notes; and, of those, the systems whose GPU lacks the precision ("system:
+    reason"), skipped whole."""
     groups: dict[tuple, list[Layout]] = {}
-    pruned, skipped = 0, []
+    pruned, skipped, unsupported = 0, [], []
     for system in spec.systems:
         sysobj = catalog.system(system)
         try:
             sysobj.gpu.peak(spec.scenario.training.precision)
         except PartitaError as exc:
             skipped.append(f"{system} skipped: {exc}")
+            unsupported.append(f"{system}: {exc}")
             continue
         unusable: dict[str, list[int]] = {}
         for gpus in spec.counts(sysobj):
@@ -275,7 +279,7 @@ def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str
             skipped.append(f"{system} on {', '.join(map(str, counts))} GPUs skipped: {reason}")
     out = [sorted(g, key=lambda lay: (lay.zero, RECOMPUTE_ORDER.index(lay.recompute)))
            for g in groups.values()]
-    return out, pruned, skipped
+    return out, pruned, skipped, unsupported
 
 
 def _estimate(spec: PlanSpec, catalog, lay: Layout) -> float:

@@ -82,7 +82,9 @@ def test_a_system_that_cannot_run_the_precision_is_skipped_with_its_reason():
              evaluate=fake_evaluate, systems=["p3dn.24xlarge", "p4d.24xlarge"], max_gpus=8)
     assert any("p3dn.24xlarge skipped: precision 'bf16' is not supported" in n for n in r.notes)
     assert set(r.table().system) == {"p4d.24xlarge"}
-    with pytest.raises(PartitaError, match="p3dn.24xlarge skipped"):
+    # no searched system runs the precision: one line naming the key, the GPU and what it runs
+    with pytest.raises(PartitaError, match="^scenario: training.precision: p3dn.24xlarge: "
+                       "precision 'bf16' is not supported by v100-32gb \\(supports: fp32, fp16\\)$"):
         plan(small(cluster__system=None, cluster__gpus=None), catalog=CATALOG,
              evaluate=fake_evaluate, systems=["p3dn.24xlarge"], max_gpus=8)
 
@@ -282,6 +284,19 @@ def test_ranges_compress_consecutive_ranks():
     (small(parallel__tensor=2, parallel__pipeline=2, parallel__data=2), {},
      "tensor\\*pipeline\\*context\\*data = 8 but cluster.gpus is 16"),
     (small(), {"objective": "fast"}, "--objective: expected one of time, cost, memory"),
+    # fixed fields that no layout can honour are named before the search, with the valid values
+    (small(parallel__tensor=3), {}, "model.heads \\(16\\) must be divisible by parallel.tensor "
+                                    "\\(3\\); valid parallel.tensor: 1, 2, 4, 8, 16$"),
+    (small(parallel__tensor=32), {}, "valid parallel.tensor: 1, 2, 4, 8, 16$"),
+    (small(parallel__context=3), {}, "model.seq_len \\(1024\\) must be divisible by "
+                                     "parallel.context \\(3\\)"),
+    (small(training__micro_batch=3), {}, "training.micro_batch \\(3\\) does not divide "
+                                         "training.global_batch \\(64\\); valid micro-batches: "
+                                         "1, 2, 4, 8, 16, 32, 64$"),
+    (small(parallel__data=4, training__micro_batch=32), {},
+     "training.micro_batch \\(32\\) does not divide training.global_batch / parallel.data "
+     "\\(64 / 4 = 16\\); valid micro-batches: 1, 2, 4, 8, 16$"),
+    (small(parallel__pipeline=3), {}, "parallel: pipeline = 3 does not divide cluster.gpus \\(16\\)"),
 ])
 def test_bad_input_names_the_key(doc, kwargs, message):
     with pytest.raises(PartitaError, match=message):
