@@ -16,7 +16,7 @@ from partita.planner.enums import (ARCHS, ATTENTION, CP_COMM_TYPES, FLASH_KERNEL
                                    RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
 from partita.planner.errors import PartitaError
 from partita.planner.layout import LayoutError, layout_stages
-from partita.planner.modelspec import ModelSpec, TransformerDims
+from partita.planner.modelspec import ModelSpec, TransformerDims, preset_names
 from partita.planner.paths import SCENARIOS_DIR
 
 TOP_KEYS = ("name", "model", "cluster", "training", "parallel")
@@ -320,6 +320,12 @@ def _parse_model(c: Checker) -> ModelSpec:
         return spec
     if forms == ["hf_config"]:
         c.only(("hf_config", "seq_len"))
+        if isinstance(c.mapping["hf_config"], str):      # a hub id or a file name, not its fields
+            raise c.error(f"expected the fields of a Hugging Face config.json as a mapping "
+                          f"({{model_type: llama, hidden_size: 4096, ...}}), got the string "
+                          f"{c.mapping['hf_config']!r}: partita reads no hub or file here; copy "
+                          f"the config's fields in, or use model.preset (valid: "
+                          f"{', '.join(preset_names())})", "hf_config")
         cfg = c.sub("hf_config")
         spec = ModelSpec(hf_config=dict(cfg.mapping), seq_len=seq_len)
         _check_dim_limits(spec.resolve(), c)

@@ -95,6 +95,19 @@ def test_bad_hf_config_on_the_command_line(tmp_path, capsys):
     assert err.strip() == f"error: {path}: model.hf_config.n_layer: expected an integer, got 'twelve'"
 
 
+def test_a_hub_id_for_hf_config_says_what_to_give_instead(tmp_path, capsys):
+    """A Hugging Face hub id (or a file name) is not fetched: one line naming the key, what it
+    takes and the presets."""
+    path = tmp_path / "hub.yaml"
+    path.write_text("model: {hf_config: mistralai/Mistral-7B-v0.1}\n"
+                    "cluster: {system: dgx-h100, gpus: 8}\ntraining: {global_batch: 8}\n")
+    assert main(["simulate", str(path)]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {path}: model.hf_config: expected the fields of a Hugging Face "
+                          "config.json as a mapping") and "\n" not in err
+    assert "'mistralai/Mistral-7B-v0.1'" in err and "model.preset (valid: bert-base," in err
+
+
 def test_hf_config_scenario_profiles(tmp_path, capsys):
     path = tmp_path / "hf.yaml"
     path.write_text("model: {hf_config: {model_type: llama, num_hidden_layers: 2, hidden_size: 64,\n"
