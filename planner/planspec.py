@@ -289,16 +289,15 @@ def _check_fixed(fixed: dict, dims: TransformerDims, gb: int, fixed_gpus: int | 
         raise PartitaError(f"{where}parallel.data ({fixed['data']}) does not divide "
                            f"training.global_batch ({gb}); valid data degrees: "
                            + ", ".join(str(d) for d in range(1, min(gb, 64) + 1) if gb % d == 0))
-    if fixed_gpus is not None and all(k in fixed for k in ("tensor", "pipeline", "data")):
-        prod = fixed["tensor"] * fixed["pipeline"] * fixed.get("context", 1) * fixed["data"]
-        if prod != fixed_gpus:
-            raise PartitaError(f"{where}parallel: tensor*pipeline*context*data = {prod} but "
-                               f"cluster.gpus is {fixed_gpus}; leave one of them out to search it")
     degrees = [k for k in ("tensor", "pipeline", "context", "data") if k in fixed]
     prod = 1
     for k in degrees:
         prod *= fixed[k]
-    if fixed_gpus is not None and fixed_gpus % prod:
+    if fixed_gpus is not None and all(k in fixed for k in ("tensor", "pipeline", "data")):
+        if prod != fixed_gpus:
+            raise PartitaError(f"{where}parallel: tensor*pipeline*context*data = {prod} but "
+                               f"cluster.gpus is {fixed_gpus}; leave one of them out to search it")
+    elif fixed_gpus is not None and fixed_gpus % prod:
         raise PartitaError(f"{where}parallel: {'*'.join(degrees)} = {prod} does not divide "
                            f"cluster.gpus ({fixed_gpus}); the degrees multiply to the GPU count")
     if micro_batch is not None:
