@@ -22,7 +22,7 @@ from partita.planner.enums import RECOMPUTE
 from partita.planner.errors import PartitaError
 from partita.planner.hardware import GPU
 from partita.planner.modelspec import TransformerDims
-from partita.simulator import eagerops, unpad
+from partita.simulator import eagerops, fp8casts, unpad
 from partita.simulator.calibration import Calibration, GpuCalibration
 
 CAUSAL_FRACTION = 0.5      # flash kernels skip the masked upper triangle (FA2/FA3 count it so too)
@@ -256,10 +256,11 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     `_block_elementwise_bytes`); `softmax_fp32`: eager attention's softmax in fp32 (see
     `_unfused_attention`); `norm_kernel` "eager", `rope_kernel` "complex", "rotate-half" or
     "matrix": the RMSNorms and RoPE as PyTorch ops, at their measured traffic
-    (`simulator.eagerops`). `early_stop`: full recompute stops where the block's last saved
-    tensor is saved again (`early_stop_skip`). `attention_unpad` ("per-tensor", "per-layer"): q, k
-    and v are unpadded and the output padded around a variable-length flash kernel
-    (`unpad_times`)."""
+    (`simulator.eagerops`). Under fp8, Transformer Engine's casts of the GEMM inputs and output
+    gradients to fp8 add to the elementwise work (`simulator.fp8casts`). `early_stop`: full
+    recompute stops where the block's last saved tensor is saved again (`early_stop_skip`).
+    `attention_unpad` ("per-tensor", "per-layer"): q, k and v are unpadded and the output padded
+    around a variable-length flash kernel (`unpad_times`)."""
     if recompute not in RECOMPUTE:
         raise PartitaError(f"training.recompute: expected one of {', '.join(RECOMPUTE)}, "
                            f"got {recompute!r}")
@@ -294,6 +295,11 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
                                             rope=rope_kernel)
     ew_f = _elementwise(ew_bytes + eager_f, gpu, g)
     ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes + eager_b, gpu, g)
+    if precision == "fp8":
+        casts = fp8casts.block_casts(dims, micro_batch, tp, cp, sp, decoder=decoder)
+        ew_f = (_elementwise(ew_bytes + eager_f - casts.forward_saved_bytes, gpu, g)
+                + sum(_elementwise(b, gpu, g) for b in casts.forward_kernel_bytes))
+        ew_b += sum(_elementwise(b, gpu, g) for b in casts.backward_kernel_bytes)
     if attention_unpad != "none":
         pad_f, pad_b = unpad_times(dims, micro_batch, tp, cp, precision, gpu, g, attention_unpad)
         ew_f, ew_b = ew_f + pad_f, ew_b + pad_b

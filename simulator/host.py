@@ -108,16 +108,20 @@ class HostCosts:
         return b + self.launch_s
 
     def exposed(self, device_s: float, kernels: float, blocking: bool,
-                backward_kernels: float = 0.0, replayed: float = 0.0) -> float:
+                backward_kernels: float = 0.0, replayed: float = 0.0,
+                launched: float = 0.0) -> float:
         """Seconds the host adds to `device_s` of GPU work made of `kernels` forward and
-        `backward_kernels` backward launches, and `replayed` forward ops dispatched again without
-        a launch (a selective checkpoint's saved ops return their kept outputs)."""
+        `backward_kernels` backward launches, `replayed` forward ops dispatched again without
+        a launch (a selective checkpoint's saved ops return their kept outputs), and `launched`
+        kernels an op already dispatched launches from its own C++ code (Transformer Engine's
+        fp8 casts inside its linear's autograd function: `simulator.fp8casts`), their launch
+        alone."""
         host = (kernels * self.per_kernel_s + backward_kernels * self.per_backward_kernel_s
-                + replayed * self.op_dispatch_s)
+                + replayed * self.op_dispatch_s + launched * self.launch_s)
         if self.synchronous:
             return host
         if blocking:
-            return host + (kernels + backward_kernels) * self.launch_blocking_wait_s
+            return host + (kernels + backward_kernels + launched) * self.launch_blocking_wait_s
         return max(0.0, host - device_s)
 
     @property

@@ -7,7 +7,8 @@ block the compute stream:
   all-reduces of the layer's b*s*h activations per block forward and two in backward (a t5 decoder
   block three), or with sequence parallelism the same volume as all-gather + reduce-scatter pairs;
   full recompute and torchtitan's op-level policy (selective-op) run the forward's collectives
-  again. `tp_comm_overlap` hides them behind GEMMs.
+  again; under fp8 with sequence parallelism the all-gathers move fp8 (`simulator.fp8casts`).
+  `tp_comm_overlap` hides them behind GEMMs.
 - context parallelism: the ring exchange of K/V blocks, hidden behind attention where it can be.
 - ZeRO-3 / FSDP: each block's parameters are all-gathered before its forward and again before its
   backward, and its gradients reduce-scattered after (in `training.grad_reduce_dtype`), within the
@@ -29,7 +30,7 @@ from partita.simulator.chunkcost import ChunkCost
 from partita.simulator.compute import (LayerTimes, early_stop_skips, element_bytes,
                                        elementwise_time, embedding_times, head_times, layer_times,
                                        unpad_gather_times)
-from partita.simulator import eagerops, unpad
+from partita.simulator import eagerops, fp8casts, unpad
 from partita.simulator.context import StepContext
 from partita.simulator.host import (BACKWARD_KERNELS_PER_FORWARD, EMBEDDING_FORWARD_KERNELS,
                                     HEAD_FORWARD_KERNELS, attention_core_kernels,
@@ -106,6 +107,11 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
         nbytes = element_bytes(t.precision) * t.micro_batch * d.seq_len / p.context * d.hidden
         group = Group(p.tensor, min(p.tensor, ctx.placement.gpus_per_node))
         per_op = collective("allreduce", "auto", nbytes, group, topo)
+        if p.sequence_parallel and t.precision == "fp8":
+            # Transformer Engine all-gathers the norm outputs and the row-parallel gradients in fp8
+            per_op *= fp8casts.scaled_exchange(
+                nbytes, lambda n: collective("all_gather", "auto", n, group, topo),
+                lambda n: collective("reduce_scatter", "auto", n, group, topo))
         ops = 3 if decoder else 2
         tp_f = ops * per_op
         # full and op-level selective recompute run the forward's collectives again (the op
@@ -161,13 +167,20 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
     policy did not save) or the attention core (selective). With `training.attention_unpad` the
     unpadding's waits for the GPU (`simulator.unpad`) cut the forward, and any recompute of the
     whole forward: the ops between waits are issued while the GPU idles (`HostCosts.sync_stall`),
-    the rest ahead of it as before."""
+    the rest ahead of it as before. Under fp8, Transformer Engine's casts (`simulator.fp8casts`)
+    cost their launches."""
     t, p, host = env.ctx.training, env.ctx.parallel, env.host
     kf = forward_kernels(decoder=decoder, tensor=p.tensor, attention=t.attention,
                          fused_elementwise=t.fused_elementwise) + eagerops.extra_forward_kernels(
         env.ctx.dims, decoder, norm=t.norm_kernel, rope=t.rope_kernel)
     recomputed, replayed = _recompute_kernels(env, decoder, recompute, kf)
     kb = BACKWARD_KERNELS_PER_FORWARD * kf
+    cast_f = cast_b = 0
+    if t.precision == "fp8":                       # launched from inside TE's linears
+        casts = fp8casts.block_casts(env.ctx.dims, t.micro_batch, p.tensor, p.context,
+                                     p.sequence_parallel, decoder=decoder)
+        cast_f = casts.forward_kernels
+        cast_b = casts.backward_kernels + (cast_f if recompute in WHOLE_FORWARD_AGAIN else 0)
     ahead, windows = kf, ()
     if t.attention_unpad != "none":
         form = t.attention_unpad
@@ -184,10 +197,11 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
             recomputed += ahead - kf
     in_windows = sum(dev for _, dev in windows)
     stall = host.sync_stall(windows, t.launch_blocking)
-    hf = host.exposed(fwd - in_windows, ahead, t.launch_blocking) + stall
+    hf = host.exposed(fwd - in_windows, ahead, t.launch_blocking, launched=cast_f) + stall
     again = recompute in WHOLE_FORWARD_AGAIN and bool(windows)
     hb = host.exposed(bwd - (in_windows if again else 0.0), recomputed, t.launch_blocking,
-                      backward_kernels=kb, replayed=replayed) + (stall if again else 0.0)
+                      backward_kernels=kb, replayed=replayed,
+                      launched=cast_b) + (stall if again else 0.0)
     _add(parts, "host", hf + hb)
     new_b = bwd + hb
     return fwd + hf, new_b, bwd_w * (new_b / bwd if bwd else 1.0)

@@ -1,0 +1,138 @@
+"""Transformer Engine's fp8 casts (simulator.fp8casts): the bytes and kernels of one block counted
+by hand from TE v1.9's kernels, their time in `layer_times`, the fp8 all-gathers of sequence
+parallelism, and that bf16 steps are untouched."""
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from partita.planner.catalog import load_catalog
+from partita.planner.hardware import GPU
+from partita.planner.modelspec import TransformerDims
+from partita.planner.scenario import parse_scenario
+from partita.simulator import fp8casts
+from partita.simulator.calibration import load_calibration
+from partita.simulator.compute import layer_times
+from partita.simulator.step import simulate
+
+FLAT = {  # every efficiency 1, no kernel floor: an elementwise kernel takes bytes / bandwidth
+    "default": {"matmul_shape_by_ideal_us": [[1e-3, 1.0], [1e6, 1.0]],
+                "matmul_plateau_efficiency": 1.0,
+                "memory_efficiency_by_mb": [[1e-3, 1.0], [1e6, 1.0]],
+                "attention_forward_efficiency": 1.0, "attention_backward_efficiency": 1.0,
+                "kernel_floor_us": 0.0},
+}
+GPT = TransformerDims(arch="gpt", layers=4, hidden=1024, heads=16, seq_len=512, vocab=32000)
+LLAMA = TransformerDims(arch="llama", layers=4, hidden=1024, heads=16, kv_heads=4, ffn_hidden=2816,
+                        seq_len=512, vocab=32000)
+BW = 1e12
+GPU8 = GPU("test-gpu", "test-gpu", 80 * 2**30, BW,
+           {"bf16": 100e12, "fp16": 100e12, "fp8": 200e12, "fp32": 12.5e12})
+
+
+@pytest.fixture
+def flat(tmp_path):
+    path = tmp_path / "cal.yaml"
+    path.write_text(yaml.safe_dump(FLAT))
+    return load_calibration(path, include_local=False)
+
+
+def test_gpt_block_without_sequence_parallelism_by_hand():
+    m, h, f = 2 * 512, 1024, 4 * 1024            # tokens of micro-batch 2; GPT's MLP is 4h
+    c = fp8casts.block_casts(GPT, 2)
+    # forward: only the attention output projection casts (cast + transpose, 2 + 1 + 1 bytes);
+    # the norms before QKV and the MLP, and the GELU, write fp8 (1 byte) instead of bf16 (2)
+    assert c.forward_kernel_bytes == (4 * m * h,)
+    assert c.forward_saved_bytes == m * h + m * h + m * f
+    # backward, in block order: QKV's input transpose and output-gradient cast-transpose; the
+    # projection's gradient; the MLP up's input transpose (its gradient cast is fused into the
+    # GELU's backward); the MLP down's input transpose and gradient
+    assert c.backward_kernel_bytes == (2 * m * h, 4 * m * 3 * h, 4 * m * h, 2 * m * h,
+                                       2 * m * f, 4 * m * h)
+    assert (c.forward_kernels, c.backward_kernels) == (1, 6)
+
+
+def test_llama_block_with_sequence_parallelism_by_hand():
+    tp, m, h, f = 2, 512, 1024, 2816 // 2
+    qkv = (16 // tp + 2 * 4 // tp) * 64          # q, k and v heads of this rank, head dim 64
+    c = fp8casts.block_casts(LLAMA, 1, tp=tp, sp=True)
+    # forward: the projection's input (full tokens, this rank's hidden slice) is cast without
+    # its transpose; the norms write fp8 on their own m / tp rows, SwiGLU on all m
+    assert c.forward_kernel_bytes == (3 * m * h // tp,)
+    assert c.forward_saved_bytes == m // tp * h + m // tp * h + m * f
+    # backward: a row-parallel layer's gradient is cast on its m / tp rows, gathered, then
+    # transposed; SwiGLU's gradient (2f wide) is cast and transposed after dswiglu
+    assert c.backward_kernel_bytes == (
+        2 * m * h, 4 * m * qkv,                       # QKV
+        2 * m * h // tp, 3 * m // tp * h, 2 * m * h,  # projection: input transpose, gradient
+        2 * m * h, 4 * m * 2 * f,                     # MLP up (gate and up)
+        2 * m * f, 3 * m // tp * h, 2 * m * h)        # MLP down
+    assert (c.forward_kernels, c.backward_kernels) == (1, 10)
+
+
+def test_t5_decoder_casts_its_cross_attention_too():
+    t5 = TransformerDims(arch="t5", layers=2, hidden=512, heads=8, seq_len=256, vocab=32128)
+    enc = fp8casts.block_casts(t5, 1)
+    dec = fp8casts.block_casts(t5, 1, decoder=True)
+    assert enc.forward_kernels == 1                   # the self-attention output projection
+    assert dec.forward_kernels == 3                   # + the cross-attention kv and output
+    assert dec.backward_kernels > enc.backward_kernels
+
+
+def test_layer_times_adds_the_casts_to_fp8_elementwise_work_only(flat):
+    for dims, tp, sp in ((GPT, 1, False), (LLAMA, 2, True)):
+        c = fp8casts.block_casts(dims, 2, tp=tp, sp=sp)
+        fp8 = layer_times(dims, 2, tp, sp, 1, "fp8", "none", GPU8, flat).parts
+        bf16 = layer_times(dims, 2, tp, sp, 1, "bf16", "none", GPU8, flat).parts
+        # same element bytes for the bf16 activations; the difference is the casts, at BW
+        fwd = (sum(c.forward_kernel_bytes) - c.forward_saved_bytes) / BW
+        bwd = sum(c.backward_kernel_bytes) / BW
+        assert fp8["elementwise_fwd"] - bf16["elementwise_fwd"] == pytest.approx(fwd)
+        assert fp8["elementwise_bwd"] - bf16["elementwise_bwd"] == pytest.approx(bwd)
+        assert bwd > 0 and fwd + bwd > 0           # the forward can save: the norms write fp8
+        # fp8 GEMMs run at twice the peak
+        assert fp8["gemm_fwd"] == pytest.approx(bf16["gemm_fwd"] / 2)
+
+
+def test_full_recompute_runs_the_forward_casts_again(flat):
+    lt = layer_times(GPT, 2, 1, False, 1, "fp8", "full", GPU8, flat)
+    assert lt.recompute_s == pytest.approx(lt.fwd_s)
+
+
+def test_scaled_exchange_moves_half_the_all_gather_bytes():
+    ag = lambda n: 1e-5 + n / 1e11                       # noqa: E731  latency + bytes / bandwidth
+    rs = lambda n: 2e-5 + n / 1e11                       # noqa: E731
+    n = 1e8
+    assert fp8casts.scaled_exchange(n, ag, rs) == pytest.approx(
+        (ag(n / 2) + rs(n)) / (ag(n) + rs(n)))
+    assert 0.75 < fp8casts.scaled_exchange(n, ag, rs) < 1.0   # latency does not halve
+    assert fp8casts.scaled_exchange(0.0, lambda n: 0.0, lambda n: 0.0) == 1.0
+
+
+def _step(precision: str, sp: bool):
+    doc = {"name": "llama-tp", "model": {"preset": "llama2-7b"},
+           "cluster": {"system": "dgx-h100", "gpus": 8},
+           "training": {"global_batch": 16, "micro_batch": 1, "precision": precision},
+           "parallel": {"tensor": 8, "pipeline": 1, "data": 1, "sequence_parallel": sp}}
+    return simulate(parse_scenario(doc), load_catalog())
+
+
+def test_sequence_parallel_fp8_all_gathers_cut_tp_comm():
+    bf16_sp, fp8_sp = _step("bf16", True), _step("fp8", True)
+    bf16, fp8 = _step("bf16", False), _step("fp8", False)
+    assert fp8_sp.breakdown_s["tp_comm"] < 0.95 * bf16_sp.breakdown_s["tp_comm"]
+    # without sequence parallelism TE all-reduces bf16 outputs: the same bytes as bf16 training
+    assert fp8.breakdown_s["tp_comm"] == pytest.approx(bf16.breakdown_s["tp_comm"])
+    # the casts are device work: fp8's elementwise share of compute is larger than bf16's
+    assert fp8.step_time_s < bf16.step_time_s
+
+
+def test_casts_cost_the_host_their_launches_alone():
+    from partita.simulator.host import HostCosts
+    host = HostCosts(op_dispatch_s=50e-6, launch_s=3e-6, launch_blocking_wait_s=7e-6)
+    # launched from inside an op already dispatched: the launch, not another op's dispatch
+    assert host.exposed(0.0, 0, False, launched=10) == pytest.approx(10 * 3e-6)
+    assert host.exposed(0.0, 2, False, launched=10) == pytest.approx(2 * 53e-6 + 10 * 3e-6)
+    assert host.exposed(1.0, 2, False, launched=10) == 0.0          # hidden behind the device
+    # CUDA_LAUNCH_BLOCKING: each launch also waits for its kernel
+    assert host.exposed(1.0, 0, True, launched=10) == pytest.approx(10 * (3e-6 + 7e-6))
