@@ -59,7 +59,8 @@ class Overheads:
     block_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
     fp8_matmul_fraction: float = 1.0   # fp8 GEMMs sustain this much of their own sweep on top
-                                       # (quantisation casts and transposes, scaling, clocks)
+                                       # (scaling, clocks; the casts and transposes around them
+                                       # are kernels of their own: simulator.fp8casts)
     attention_fraction: float = 1.0    # fused attention kernels, on top of the matmul fraction
     framework_fraction: dict[str, float] = field(default_factory=dict, hash=False)
     zero3_collective_fraction: dict[str, float] = field(default_factory=dict, hash=False)
