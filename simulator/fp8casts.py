@@ -40,6 +40,7 @@ totals differ by at most a byte per norm output element from v1.9's.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from partita.planner import inventory
 from partita.planner.inventory import Gemm
@@ -103,6 +104,7 @@ def _gemm_casts(g: Gemm, tp: int, sp: bool, gated: bool) -> tuple[list[float], l
     return fwd, bwd, saved
 
 
+@lru_cache(maxsize=256)
 def block_casts(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 1,
                 sp: bool = False, *, decoder: bool = False) -> Fp8Casts:
     """Transformer Engine's fp8 casts of one block (a T5 decoder block with `decoder`) for one
