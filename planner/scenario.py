@@ -83,8 +83,9 @@ class TrainingSpec:
     attention_softmax_fp32: bool = False  # eager attention's scale, mask and softmax in fp32
                                     # (Megatron --attention-softmax-in-fp32; HF eager attention)
     fused_cross_entropy: bool = False  # the loss as one fused kernel each way (flash-attn's
-                                    # cross-entropy, apex xentropy, Megatron-Core
-                                    # --cross-entropy-loss-fusion); false: the fp32 chain
+                                    # cross-entropy, apex xentropy); false: the fp32 chain, which
+                                    # Megatron-Core's --cross-entropy-loss-fusion also keeps
+                                    # (fp32 logits and their softmax, fewer kernels)
     recompute_early_stop: bool | None = None  # full recompute halts once the block's last tensor
                                     # the backward needs is saved again, skipping the ops after
                                     # it (torch.utils.checkpoint use_reentrant=False, PyTorch >= 2.1);

@@ -439,8 +439,10 @@ def fused_loss_bytes(e: int) -> tuple[tuple[float, ...], tuple[float, ...]]:
     logits once, with an online softmax (max and sum of exponentials in one pass), and writes one
     number per row; the backward reads them again and writes the gradient, in place
     (flash-attn's flash_attn/ops/triton/cross_entropy.py, cross_entropy_fwd_kernel and
-    cross_entropy_bwd_kernel; apex's xentropy and Megatron-Core's --cross-entropy-loss-fusion
-    likewise read and write the logits at their own precision)."""
+    cross_entropy_bwd_kernel; apex's xentropy likewise reads and writes the logits at their own
+    precision). Megatron-Core's --cross-entropy-loss-fusion is not such a kernel: its jit-fused
+    functions still cast the logits to fp32 and keep their softmax for the backward
+    (megatron/core/fusions/fused_cross_entropy.py, tensor_parallel/cross_entropy.py)."""
     return (float(e),), (2.0 * e,)
 
 
