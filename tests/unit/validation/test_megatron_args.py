@@ -108,3 +108,11 @@ def test_evaluate_groups_cases_of_one_configuration():
     assert rows[0]["measured_gib"] == pytest.approx(case["max_allocated_bytes"] / 2**30 + 1.0)
     assert 0 < rows[0]["predicted_gib"] < 80
     assert skipped == [("moe", "unexpressed: num-experts")]
+
+
+def test_extract_from_a_missing_git_directory_is_one_error_line(tmp_path, capsys):
+    before = bench.DATA.read_bytes()
+    assert bench.main(["--extract", str(tmp_path / "nowhere")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --extract {tmp_path / 'nowhere'}: ")
+    assert bench.DATA.read_bytes() == before                # the stored cases are untouched
