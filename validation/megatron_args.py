@@ -2,8 +2,9 @@
 partita scenario, or the reason they cannot be one.
 
 Every argument is either mapped (the model's shape, the batch, the parallel layout, precision,
-recompute, the attention backend), or known to leave a step's memory and layout alone (logging,
-data, checkpoints, learning-rate schedule, `--deterministic-mode`), or unexpressed: a row with an
+recompute, the attention backend), or taken as the block's arch implies it (`AS_ARCH`: biases, norm,
+position encoding), or known to leave a step's memory and layout alone (logging, data, checkpoints,
+learning-rate schedule, `--deterministic-mode`), or unexpressed: a row with an
 unexpressed argument (mixture of experts, fp8, CUDA graphs, Megatron-FSDP, uneven pipeline splits,
 multi-latent attention, ...) is skipped with that argument named, never approximated.
 
@@ -59,15 +60,20 @@ use-tp-pp-dp-mapping verify-integrity vocab-file wandb-entity wandb-exp-name wan
 wandb-save-dir weight-decay
 """.split())
 MAPPED = frozenset("""
-attention-backend attention-dropout bf16 context-parallel-size cp-comm-type
-disable-bias-linear ffn-hidden-size fp16
+attention-backend attention-dropout bf16 context-parallel-size cp-comm-type ffn-hidden-size fp16
 global-batch-size group-query-attention hidden-dropout hidden-size kv-channels micro-batch-size
-no-create-attention-mask-in-dataloader normalization num-attention-heads num-layers
-num-layers-per-virtual-pipeline-stage num-query-groups num-virtual-stages-per-pipeline-rank
-pipeline-model-parallel-size position-embedding-type recompute-granularity recompute-method
-recompute-num-layers rotary-percent seq-length sequence-parallel swiglu tensor-model-parallel-size
-transformer-impl untie-embeddings-and-output-weights use-distributed-optimizer
-use-rotary-position-embeddings vocab-size
+num-attention-heads num-layers num-layers-per-virtual-pipeline-stage num-query-groups
+num-virtual-stages-per-pipeline-rank pipeline-model-parallel-size recompute-granularity
+recompute-method recompute-num-layers seq-length sequence-parallel swiglu
+tensor-model-parallel-size transformer-impl untie-embeddings-and-output-weights
+use-distributed-optimizer vocab-size
+""".split())
+# Arguments taken as the arch implies them (gpt: LayerNorm, biases, learned positions; llama, with
+# --swiglu: RMSNorm, no biases, RoPE): they move a norm's bias, the linears' biases, a position table
+# or the data loader's attention mask, under 1% of these models' memory.
+AS_ARCH = frozenset("""
+disable-bias-linear no-create-attention-mask-in-dataloader normalization position-embedding-type
+rotary-percent use-rotary-position-embeddings
 """.split())
 TOKENIZERS = {None: 50257, "GPT2BPETokenizer": 50257}     # GPT-2's BPE vocabulary
 CP_COMM = {"p2p": "p2p", "allgather": "all_gather"}        # Megatron's --cp-comm-type -> partita's
@@ -87,7 +93,7 @@ def scenario(args: dict[str, Any], *, gpus: int, system: str, name: str) -> dict
     """The scenario document of a run with Megatron-LM `args` ("--key": value, as in
     model_config.yaml) on `gpus` GPUs of `system`; Unexpressed naming what it cannot state."""
     a = {str(k).lstrip("-"): v for k, v in args.items()}
-    other = sorted(k for k in a if k not in NEUTRAL and k not in MAPPED)
+    other = sorted(k for k in a if k not in NEUTRAL | MAPPED | AS_ARCH)
     if other:
         raise Unexpressed("unexpressed: " + ", ".join(other))
     tp = int(a.get("tensor-model-parallel-size", 1))
