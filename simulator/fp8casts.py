@@ -31,9 +31,9 @@ So under sequence parallelism every all-gather of a block (the norm outputs forw
 row-parallel gradients backward) moves 1 byte per element while the reduce-scatters stay in bf16
 (`scaled_exchange`). Left out: the weights' cast and transpose, once per step where Megatron-LM
 passes `is_first_microbatch` (4 bytes per parameter of the chunk: 8.8 GB, about 3 ms, per step of
-Llama 2 70B at TP 8 x PP 4 on H100); the amax reductions and scale updates of delayed scaling;
-the memory of the saved fp8 copies (an fp8 input and its transpose take the 2 bytes per element a
-bf16 input does). TE 2.x quantizes the norm output row- and column-wise in the norm kernel itself
+Llama 2 70B at TP 8 x PP 4 on H100); the scale updates of delayed scaling (its amax reductions
+are `simulator.fp8amax`'s); the memory of the saved fp8 copies (an fp8 input and its transpose
+take the 2 bytes per element a bf16 input does). TE 2.x quantizes the norm output row- and column-wise in the norm kernel itself
 where the forward has no all-gather, which moves the transpose's bytes into the forward; the
 totals differ by at most a byte per norm output element from v1.9's.
 """

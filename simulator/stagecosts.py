@@ -15,6 +15,8 @@ block the compute stream:
   ZeRO shard group; with hybrid sharding (`parallel.data_shard`) each gradient shard is then
   all-reduced across the groups. Prefetching overlaps them with the neighbouring block's compute,
   so a block costs max(compute, communication).
+- fp8 (delayed scaling): each chunk's forward and backward end with an all-reduce of the amaxes
+  over the stage's tensor x context x data ranks (`simulator.fp8amax`).
 The result keeps the parts apart so the step summary can say where the time went.
 """
 from __future__ import annotations
@@ -27,10 +29,10 @@ from partita.planner.enums import WHOLE_FORWARD_AGAIN
 from partita.planner.hardware import GPU
 from partita.planner.stages import chunk_ranges
 from partita.simulator.chunkcost import ChunkCost
-from partita.simulator.compute import (LayerTimes, early_stop_skips, element_bytes,
+from partita.simulator.compute import (LayerTimes, block_gemms, early_stop_skips, element_bytes,
                                        elementwise_time, embedding_times, head_times, layer_times,
                                        unpad_gather_times)
-from partita.simulator import eagerops, fp8casts, unpad
+from partita.simulator import eagerops, fp8amax, fp8casts, unpad
 from partita.simulator.context import StepContext
 from partita.simulator.host import (BACKWARD_KERNELS_PER_FORWARD, EMBEDDING_FORWARD_KERNELS,
                                     HEAD_FORWARD_KERNELS, attention_core_kernels,
@@ -345,12 +347,28 @@ def chunk_costs(env: StepEnv) -> list[ChunkCost]:
                                           backward_kernels=BACKWARD_KERNELS_PER_FORWARD * kernels)
                     f, bw = f + hf, bw + hb
                     _add(parts, "host", hf + hb)
+        if t.precision == "fp8" and n_enc + n_dec:
+            af, ab = _amax_reductions(env, n_enc, n_dec)
+            f, bw = f + af, bw + ab
+            _add(parts, "fp8_amax", af + ab)
         hp = _hp_grad_update(env, n_enc, n_dec, i == 0 or i == len(ranges) - 1)
         if hp:
             bw, w = bw + hp, w + hp
             _add(parts, "hp_grad_update", hp)
         out.append(ChunkCost(f, bw, w, parts))
     return out
+
+
+def _amax_reductions(env: StepEnv, n_enc: int, n_dec: int) -> tuple[float, float]:
+    """(forward, backward) seconds per micro-batch of the delayed-scaling amax all-reduces that
+    end a chunk's passes under fp8 (`simulator.fp8amax`), over the chunk's GEMMs on one TP rank."""
+    ctx = env.ctx
+    d, p, t = ctx.dims, ctx.parallel, ctx.training
+    gemms = n_enc * len(block_gemms(d, t.micro_batch, p.tensor, p.context))
+    if n_dec:
+        gemms += n_dec * len(block_gemms(d, t.micro_batch, p.tensor, p.context, decoder=True))
+    group = fp8amax.amax_group(p.tensor, p.context, p.data, ctx.placement.gpus_per_node)
+    return fp8amax.reduction_times(gemms, group, env.topo)
 
 
 def _block_groups(t, n_enc: int, n_dec: int) -> list[tuple[int, bool, bool]]:
