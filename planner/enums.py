@@ -16,6 +16,7 @@ RECOMPUTE = ("none", "selective", "selective-op", "full")              # trainin
 WHOLE_FORWARD_AGAIN = ("full", "selective-op")
 OPTIMIZERS = ("adam", "sgd")                                           # training.optimizer
 OPTIMIZER_IMPLS = ("fused", "apex-fp16-optimizer")                      # training.optimizer_impl
+FP8_RECIPES = ("delayed", "current")   # training.fp8_recipe: Transformer Engine's scaling recipes
 UNPAD_FORMS = ("none", "per-tensor", "per-layer")                        # training.attention_unpad
 ATTENTION = ("flash", "flash2", "flash1", "unfused", "eager")          # training.attention
 FLASH_KERNELS = ("flash", "flash2", "flash1")   # attention kernels that never store the scores

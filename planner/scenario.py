@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import (ARCHS, ATTENTION, CP_COMM_TYPES, FLASH_KERNELS, FRAMEWORKS,
-                                   GRAD_REDUCE, NORM_FORMS, OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS,
-                                   RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
+from partita.planner.enums import (ARCHS, ATTENTION, CP_COMM_TYPES, FLASH_KERNELS, FP8_RECIPES,
+                                   FRAMEWORKS, GRAD_REDUCE, NORM_FORMS, OPTIMIZER_IMPLS, OPTIMIZERS,
+                                   PRECISIONS, RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES,
+                                   UNPAD_FORMS)
 from partita.planner.errors import PartitaError
 from partita.planner.layout import LayoutError, layout_stages
 from partita.planner.modelspec import ModelSpec, TransformerDims, preset_names
@@ -28,7 +29,8 @@ CLUSTER_KEYS = ("system", "gpus", "nodes", "inter_node_gbps", "gpus_per_node", "
 TRAINING_KEYS = ("global_batch", "micro_batch", "precision", "recompute", "optimizer", "attention",
                  "framework", "launch_blocking", "fused_elementwise", "attention_softmax_fp32",
                  "fused_cross_entropy", "recompute_num_layers", "grad_reduce_dtype", "norm_kernel",
-                 "rope_kernel", "recompute_early_stop", "attention_unpad", "optimizer_impl")
+                 "rope_kernel", "recompute_early_stop", "attention_unpad", "optimizer_impl",
+                 "fp8_recipe")
 PARALLEL_KEYS = ("tensor", "pipeline", "data", "context", "sequence_parallel", "schedule",
                  "virtual_stages", "zero", "overlap_grad_reduce", "stages", "grad_reduce",
                  "overlap_param_gather", "tp_comm_overlap", "data_shard", "layout", "cp_comm_type")
@@ -115,6 +117,11 @@ class TrainingSpec:
                                     # AdamW) | apex-fp16-optimizer (Megatron-LM 2019's
                                     # FP16_Optimizer: per-tensor passes, two host waits per tensor;
                                     # simulator/fp16optimizer.py)
+    fp8_recipe: str = "delayed"     # with precision fp8, Transformer Engine's scaling: delayed
+                                    # (DelayedScaling, Megatron-LM's --fp8-recipe delayed: amaxes
+                                    # from the history, all-reduced per autocast; simulator/fp8amax.py)
+                                    # | current (Float8CurrentScaling, --fp8-recipe tensorwise: each
+                                    # cast takes its tensor's own amax first; simulator/fp8casts.py)
 
     def recomputed_blocks(self, blocks: int) -> int:
         """How many of a chunk's `blocks` transformer blocks run their forward again in backward:
@@ -230,6 +237,8 @@ class Scenario:
             out["training"]["attention_unpad"] = t.attention_unpad
         if t.optimizer_impl != "fused":
             out["training"]["optimizer_impl"] = t.optimizer_impl
+        if t.fp8_recipe != "delayed":
+            out["training"]["fp8_recipe"] = t.fp8_recipe
         if self.parallel is not None:
             p = self.parallel
             par = {"tensor": p.tensor, "pipeline": p.pipeline, "data": p.data, "context": p.context,
@@ -397,7 +406,8 @@ def _parse_training(c: Checker) -> TrainingSpec:
                         norm_kernel=c.choice("norm_kernel", NORM_FORMS, "fused"),
                         rope_kernel=c.choice("rope_kernel", ROPE_FORMS, "fused"),
                         attention_unpad=_attention_unpad(c),
-                        optimizer_impl=_optimizer_impl(c))
+                        optimizer_impl=_optimizer_impl(c),
+                        fp8_recipe=_fp8_recipe(c))
 
 
 def _recompute_num_layers(c: Checker) -> int | None:
@@ -422,6 +432,16 @@ def _optimizer_impl(c: Checker) -> str:
                               f"(training.{key} {want}), but training.{key} is {got}",
                               "optimizer_impl")
     return impl
+
+
+def _fp8_recipe(c: Checker) -> str:
+    """training.fp8_recipe: a scaling recipe of fp8 training, so only with precision fp8."""
+    recipe = c.choice("fp8_recipe", FP8_RECIPES, "delayed")
+    precision = c.mapping.get("precision", "bf16")
+    if "fp8_recipe" in c.mapping and precision != "fp8":
+        raise c.error(f"a scaling recipe of fp8 training (training.precision fp8), but "
+                      f"training.precision is {precision}", "fp8_recipe")
+    return recipe
 
 
 def _attention_unpad(c: Checker) -> str:

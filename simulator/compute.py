@@ -241,7 +241,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
                 *, decoder: bool = False, attention: str = "flash",
                 fused_elementwise: bool = True, softmax_fp32: bool = False,
                 norm_kernel: str = "fused", rope_kernel: str = "fused",
-                early_stop: bool = False, attention_unpad: str = "none") -> LayerTimes:
+                early_stop: bool = False, attention_unpad: str = "none",
+                fp8_recipe: str = "delayed") -> LayerTimes:
     """One transformer block (a t5 decoder block with decoder=True) for one micro-batch.
 
     attention "flash": one fused kernel that never stores the scores (Dao et al. 2022), the GPU's
@@ -257,7 +258,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     `_unfused_attention`); `norm_kernel` "eager", `rope_kernel` "complex", "rotate-half" or
     "matrix": the RMSNorms and RoPE as PyTorch ops, at their measured traffic
     (`simulator.eagerops`). Under fp8, Transformer Engine's casts of the GEMM inputs and output
-    gradients to fp8 add to the elementwise work (`simulator.fp8casts`). `early_stop`: full
+    gradients to fp8 add to the elementwise work (`simulator.fp8casts`; `fp8_recipe` delayed or
+    current scaling). `early_stop`: full
     recompute stops where the block's last saved tensor is saved again (`early_stop_skip`).
     `attention_unpad` ("per-tensor", "per-layer"): q, k and v are unpadded and the output padded
     around a variable-length flash kernel (`unpad_times`)."""
@@ -296,7 +298,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     ew_f = _elementwise(ew_bytes + eager_f, gpu, g)
     ew_b = _elementwise(ELEMENTWISE_BWD_FACTOR * ew_bytes + eager_b, gpu, g)
     if precision == "fp8":
-        casts = fp8casts.block_casts(dims, micro_batch, tp, cp, sp, decoder=decoder)
+        casts = fp8casts.block_casts(dims, micro_batch, tp, cp, sp, decoder=decoder,
+                                     recipe=fp8_recipe)
         ew_f = (_elementwise(ew_bytes + eager_f - casts.forward_saved_bytes, gpu, g)
                 + sum(_elementwise(b, gpu, g) for b in casts.forward_kernel_bytes))
         ew_b += sum(_elementwise(b, gpu, g) for b in casts.backward_kernel_bytes)

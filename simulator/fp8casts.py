@@ -33,9 +33,28 @@ row-parallel gradients backward) moves 1 byte per element while the reduce-scatt
 passes `is_first_microbatch` (4 bytes per parameter of the chunk: 8.8 GB, about 3 ms, per step of
 Llama 2 70B at TP 8 x PP 4 on H100); the scale updates of delayed scaling (its amax reductions
 are `simulator.fp8amax`'s); the memory of the saved fp8 copies (an fp8 input and its transpose
-take the 2 bytes per element a bf16 input does). TE 2.x quantizes the norm output row- and column-wise in the norm kernel itself
-where the forward has no all-gather, which moves the transpose's bytes into the forward; the
-totals differ by at most a byte per norm output element from v1.9's.
+take the 2 bytes per element a bf16 input does). TE 2.x quantizes the norm output row- and
+column-wise in the norm kernel itself where the forward has no all-gather, which moves the
+transpose's bytes into the forward; the totals differ by at most a byte per norm output element
+from v1.9's.
+
+Current scaling (`training.fp8_recipe: current`: TE 2.x's `Float8CurrentScaling`, Megatron-LM's
+`--fp8-recipe tensorwise`) scales each tensor by its own amax, so no cast can start before that
+amax is known (TE v2.4 transformer_engine/pytorch/csrc/extensions/):
+- every cast is preceded by `nvte_compute_amax` (reads the bf16 tensor: 2 bytes per element) and
+  `nvte_compute_scale_from_amax` (one small kernel), then `nvte_quantize_v2` casts (cast.cpp);
+- the norms and activations no longer write fp8: the norm writes bf16 and is quantized after it
+  (normalization.cpp: `force_unfused_kernel` for any quantizer but delayed scaling's), and so is
+  the activation (activation.cpp: "for current scaling, we need to compute amax first");
+- the GELU's backward is no longer fused with the gradient's cast (module/layernorm_mlp.py,
+  `_act_func`: "no activation fusion written yet" for current scaling): dgelu writes bf16, then
+  amax, scale and cast-transpose;
+- under sequence parallelism the amax of each tensor that is all-gathered in fp8 (a
+  column-parallel input, a row-parallel output gradient) is all-reduced over the TP group before
+  its cast, and the stream waits for it (`with_amax_reduction`, set in
+  `_customize_quantizers_float8_current_scaling` of linear.py, layernorm_linear.py and
+  layernorm_mlp.py; `process_group->allreduce(...)->wait()`): `Fp8Casts.*_tp_amax_reductions`.
+There is no per-pass amax reduction of delayed scaling (`simulator.fp8amax`).
 """
 from __future__ import annotations
 
@@ -43,6 +62,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from partita.planner import inventory
+from partita.planner.errors import PartitaError
 from partita.planner.inventory import Gemm
 from partita.planner.modelspec import TransformerDims
 
@@ -51,6 +71,10 @@ BF16 = 2                # bytes per element of the activations and gradients aro
 CAST_TRANSPOSE = BF16 + 2 * FP8     # read bf16, write fp8 and its transpose
 CAST = BF16 + FP8                   # read bf16, write fp8
 TRANSPOSE = 2 * FP8                 # read fp8, write its transpose
+AMAX = BF16                         # current scaling: nvte_compute_amax reads the bf16 tensor
+SCALE = 12                          # nvte_compute_scale_from_amax: reads the fp32 amax, writes the
+                                    # scale and its inverse (a kernel at the GPU's shortest)
+RECIPES = ("delayed", "current")
 # The GEMMs (planner.inventory names) by what feeds them and how tensor parallelism splits them.
 NORM_FED = ("qkv", "cross_q", "mlp_up")         # LayerNormLinear / LayerNormMLP's first linear
 ACTIVATION_FED = ("mlp_down",)                  # LayerNormMLP's second linear
@@ -65,6 +89,8 @@ class Fp8Casts:
     forward_kernel_bytes: tuple[float, ...]
     backward_kernel_bytes: tuple[float, ...]
     forward_saved_bytes: float
+    forward_tp_amax_reductions: int = 0     # current scaling: amax all-reduces over the TP group
+    backward_tp_amax_reductions: int = 0
 
     @property
     def forward_kernels(self) -> int:
@@ -75,52 +101,69 @@ class Fp8Casts:
         return len(self.backward_kernel_bytes)
 
 
-def _gemm_casts(g: Gemm, tp: int, sp: bool, gated: bool) -> tuple[list[float], list[float], float]:
-    """(forward kernels' bytes, backward kernels' bytes, forward bf16 bytes saved) of one GEMM
-    (m tokens x k in -> n out on this rank)."""
+def _gemm_casts(g: Gemm, tp: int, sp: bool, gated: bool,
+                current: bool = False) -> tuple[list[float], list[float], float, int, int]:
+    """(forward kernels' bytes, backward kernels' bytes, forward bf16 bytes saved, forward and
+    backward TP amax all-reduces) of one GEMM (m tokens x k in -> n out on this rank) under
+    delayed scaling, or under current scaling with `current` (see the module docstring)."""
     fwd: list[float] = []
     bwd: list[float] = []
     saved = 0.0
+    red_f = red_b = 0
     row = g.name in ROW_PARALLEL
     shard = g.m / tp if sp else g.m               # rows a rank holds before a sequence-parallel gather
-    if g.name in NORM_FED:
-        saved += (BF16 - FP8) * shard * g.k       # the norm writes fp8, on its own rows
-        bwd.append(TRANSPOSE * g.m * g.k)
-    elif g.name in ACTIVATION_FED:
-        saved += (BF16 - FP8) * g.m * g.k         # the activation writes fp8
+
+    def amax(elements: float) -> list[float]:
+        """Current scaling's amax and scale kernels before a cast of `elements`."""
+        return [AMAX * elements, SCALE] if current else []
+
+    if g.name in NORM_FED or g.name in ACTIVATION_FED:
+        rows = shard if g.name in NORM_FED else g.m
+        if current:                               # the norm or activation writes bf16, then a cast
+            fwd += amax(rows * g.k) + [CAST * rows * g.k]
+        else:
+            saved += (BF16 - FP8) * rows * g.k    # the norm (on its own rows) or activation writes fp8
         bwd.append(TRANSPOSE * g.m * g.k)
     elif sp:
-        fwd.append(CAST * (g.m if row else shard) * g.k)
+        fwd += amax((g.m if row else shard) * g.k) + [CAST * (g.m if row else shard) * g.k]
         bwd.append(TRANSPOSE * g.m * g.k)
     else:
-        fwd.append(CAST_TRANSPOSE * g.m * g.k)
+        fwd += amax(g.m * g.k) + [CAST_TRANSPOSE * g.m * g.k]
+    if current and sp and not row:
+        red_f += 1                                # the gathered input's amax, over the TP group
     # the output gradient, m x n on this rank
     if row and sp:
-        bwd += [CAST * shard * g.n, TRANSPOSE * g.m * g.n]
-    elif g.name == "mlp_up" and not gated:
+        bwd += amax(shard * g.n) + [CAST * shard * g.n, TRANSPOSE * g.m * g.n]
+        red_b += 1 if current else 0              # the gathered gradient's amax
+    elif g.name == "mlp_up" and not gated and not current:
         pass                                      # fused into the GELU's backward
     else:
-        bwd.append(CAST_TRANSPOSE * g.m * g.n)
-    return fwd, bwd, saved
+        bwd += amax(g.m * g.n) + [CAST_TRANSPOSE * g.m * g.n]
+    return fwd, bwd, saved, red_f, red_b
 
 
 @lru_cache(maxsize=256)
 def block_casts(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 1,
-                sp: bool = False, *, decoder: bool = False) -> Fp8Casts:
+                sp: bool = False, *, decoder: bool = False, recipe: str = "delayed") -> Fp8Casts:
     """Transformer Engine's fp8 casts of one block (a T5 decoder block with `decoder`) for one
-    micro-batch on one TP rank (see the module docstring)."""
+    micro-batch on one TP rank under the scaling `recipe` (see the module docstring)."""
+    if recipe not in RECIPES:
+        raise PartitaError(f"training.fp8_recipe: expected one of {', '.join(RECIPES)}, "
+                           f"got {recipe!r}")
     kind = inventory.block_kind(dims, decoder)
     gemms = inventory.block(dims, kind=kind, micro_batch=micro_batch, tensor=tp, context=cp).gemms
     gated = dims.arch == "llama"
     fwd: list[float] = []
     bwd: list[float] = []
     saved = 0.0
+    red_f = red_b = 0
     for g in gemms:
-        f, b, s = _gemm_casts(g, tp, sp, gated)
+        f, b, s, rf, rb = _gemm_casts(g, tp, sp, gated, recipe == "current")
         fwd += f
         bwd += b
         saved += s
-    return Fp8Casts(tuple(fwd), tuple(bwd), saved)
+        red_f, red_b = red_f + rf, red_b + rb
+    return Fp8Casts(tuple(fwd), tuple(bwd), saved, red_f, red_b)
 
 
 def scaled_exchange(nbytes: float, all_gather_s, reduce_scatter_s) -> float:

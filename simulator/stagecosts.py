@@ -15,8 +15,10 @@ block the compute stream:
   ZeRO shard group; with hybrid sharding (`parallel.data_shard`) each gradient shard is then
   all-reduced across the groups. Prefetching overlaps them with the neighbouring block's compute,
   so a block costs max(compute, communication).
-- fp8 (delayed scaling): each chunk's forward and backward end with an all-reduce of the amaxes
-  over the stage's tensor x context x data ranks (`simulator.fp8amax`).
+- fp8: under delayed scaling each chunk's forward and backward end with an all-reduce of the
+  amaxes over the stage's tensor x context x data ranks (`simulator.fp8amax`); under current
+  scaling with sequence parallelism each fp8 all-gather waits for an amax all-reduce over the TP
+  group (`simulator.fp8casts`), counted with the TP communication.
 The result keeps the parts apart so the step summary can say where the time went.
 """
 from __future__ import annotations
@@ -96,7 +98,7 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
                                  softmax_fp32=t.attention_softmax_fp32,
                                  norm_kernel=t.norm_kernel, rope_kernel=t.rope_kernel,
                                  early_stop=env.recompute_early_stop,
-                                 attention_unpad=t.attention_unpad)
+                                 attention_unpad=t.attention_unpad, fp8_recipe=t.fp8_recipe)
     lt = sustained(lt, oh, gpu, t.precision, oh.block_overhead(t.framework), t.framework)
     parts: dict[str, float] = {}
     compute_f, compute_b = lt.fwd_s, lt.bwd_s
@@ -127,6 +129,16 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
         # mostly by peer-to-peer copies (copy engines), not NCCL kernels on the SMs: the ideal
         # max, without the NCCL contention of `Overheads.overlapped`.
         tp_f, tp_b = max(fwd, tp_f) - fwd, max(bwd, tp_b) - bwd
+    if p.tensor > 1 and t.precision == "fp8" and t.fp8_recipe == "current":
+        # current scaling's amax all-reduces before the casts of sequence-parallel gathers
+        # (`simulator.fp8casts`): 4 bytes each over the TP group, waited for, never overlapped;
+        # a recompute of the whole forward casts, and reduces, again
+        casts = fp8casts.block_casts(d, t.micro_batch, p.tensor, p.context, p.sequence_parallel,
+                                     decoder=decoder, recipe=t.fp8_recipe)
+        amax = collective("allreduce", "auto", 4.0, group, topo)
+        again = casts.forward_tp_amax_reductions if recompute in WHOLE_FORWARD_AGAIN else 0
+        tp_f += casts.forward_tp_amax_reductions * amax
+        tp_b += (casts.backward_tp_amax_reductions + again) * amax
     _add(parts, "tp_comm", tp_f + tp_b)
     fwd, bwd = fwd + tp_f, bwd + tp_b
 
@@ -180,7 +192,7 @@ def _host(env: StepEnv, decoder: bool, fwd: float, bwd: float, bwd_w: float,
     cast_f = cast_b = 0
     if t.precision == "fp8":                       # launched from inside TE's linears
         casts = fp8casts.block_casts(env.ctx.dims, t.micro_batch, p.tensor, p.context,
-                                     p.sequence_parallel, decoder=decoder)
+                                     p.sequence_parallel, decoder=decoder, recipe=t.fp8_recipe)
         cast_f = casts.forward_kernels
         cast_b = casts.backward_kernels + (cast_f if recompute in WHOLE_FORWARD_AGAIN else 0)
     ahead, windows = kf, ()
@@ -347,7 +359,7 @@ def chunk_costs(env: StepEnv) -> list[ChunkCost]:
                                           backward_kernels=BACKWARD_KERNELS_PER_FORWARD * kernels)
                     f, bw = f + hf, bw + hb
                     _add(parts, "host", hf + hb)
-        if t.precision == "fp8" and n_enc + n_dec:
+        if t.precision == "fp8" and t.fp8_recipe == "delayed" and n_enc + n_dec:
             af, ab = _amax_reductions(env, n_enc, n_dec)
             f, bw = f + af, bw + ab
             _add(parts, "fp8_amax", af + ab)

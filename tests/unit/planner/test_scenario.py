@@ -198,3 +198,21 @@ def test_model_and_hardware_errors_name_the_file(tmp_path, capsys, changes, mess
     path.write_text(yaml.safe_dump(doc(**changes)))
     assert main(["simulate", str(path)]) == 1
     assert capsys.readouterr().err.startswith(f"error: {path}: {message}")
+
+
+def test_fp8_recipe_defaults_to_delayed_and_round_trips():
+    fp8 = parse_scenario(doc(training__precision="fp8"))
+    assert fp8.training.fp8_recipe == "delayed"
+    assert "fp8_recipe" not in fp8.to_dict()["training"]
+    current = parse_scenario(doc(training__precision="fp8", training__fp8_recipe="current"))
+    assert current.training.fp8_recipe == "current"
+    assert parse_scenario(current.to_dict()) == current
+
+
+def test_fp8_recipe_names_its_choices_and_needs_fp8():
+    with pytest.raises(PartitaError, match="^training.fp8_recipe: expected one of delayed, "
+                                           "current, got 'mxfp8'$"):
+        parse_scenario(doc(training__precision="fp8", training__fp8_recipe="mxfp8"))
+    with pytest.raises(PartitaError, match="^training.fp8_recipe: a scaling recipe of fp8 "
+                                           "training .*training.precision is bf16$"):
+        parse_scenario(doc(training__fp8_recipe="delayed"))

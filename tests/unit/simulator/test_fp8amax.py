@@ -78,3 +78,9 @@ def test_a_chunk_without_blocks_makes_none():
     parts = r.details["chunk_parts_s"]
     assert "fp8_amax" not in parts[0]
     assert all(p["fp8_amax"] > 0 for p in parts[1:])
+
+
+def test_current_scaling_makes_none():
+    doc = _doc("fp8")
+    doc["training"]["fp8_recipe"] = "current"
+    assert "fp8_amax" not in simulate(parse_scenario(doc), load_catalog()).breakdown_s

@@ -7,6 +7,7 @@ import pytest
 import yaml
 
 from partita.planner.catalog import load_catalog
+from partita.planner.errors import PartitaError
 from partita.planner.hardware import GPU
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import parse_scenario
@@ -70,6 +71,51 @@ def test_llama_block_with_sequence_parallelism_by_hand():
     assert (c.forward_kernels, c.backward_kernels) == (1, 10)
 
 
+def test_current_scaling_gpt_block_by_hand():
+    m, h, f = 2 * 512, 1024, 4 * 1024
+    A, S = fp8casts.AMAX, fp8casts.SCALE               # amax read (2 bytes) and the scale kernel
+    c = fp8casts.block_casts(GPT, 2, recipe="current")
+    # forward: every input cast waits for its amax and scale; the norms and the GELU write bf16
+    # and are cast after them (no bytes saved)
+    assert c.forward_kernel_bytes == (A * m * h, S, 3 * m * h,          # QKV's normed input
+                                      A * m * h, S, 4 * m * h,          # projection: cast-transpose
+                                      A * m * h, S, 3 * m * h,          # MLP up's normed input
+                                      A * m * f, S, 3 * m * f)          # the GELU's output
+    assert c.forward_saved_bytes == 0
+    # backward: the delayed recipe's kernels with an amax and a scale before every gradient cast,
+    # and the GELU's backward no longer fused with the MLP up's gradient cast
+    assert c.backward_kernel_bytes == (2 * m * h, A * m * 3 * h, S, 4 * m * 3 * h,
+                                       A * m * h, S, 4 * m * h,
+                                       2 * m * h, A * m * f, S, 4 * m * f,
+                                       2 * m * f, A * m * h, S, 4 * m * h)
+    assert (c.forward_tp_amax_reductions, c.backward_tp_amax_reductions) == (0, 0)
+
+
+def test_current_scaling_reduces_amaxes_of_sequence_parallel_gathers_only():
+    c = fp8casts.block_casts(LLAMA, 1, tp=2, sp=True, recipe="current")
+    # forward: QKV's and MLP up's normed inputs are gathered; backward: the projection's and MLP
+    # down's output gradients
+    assert (c.forward_tp_amax_reductions, c.backward_tp_amax_reductions) == (2, 2)
+    assert fp8casts.block_casts(LLAMA, 1, tp=2, sp=False, recipe="current"
+                                ).forward_tp_amax_reductions == 0
+    assert fp8casts.block_casts(LLAMA, 1, tp=2, sp=True).forward_tp_amax_reductions == 0
+    with pytest.raises(PartitaError, match="training.fp8_recipe: expected one of delayed, "
+                                           "current, got 'mx'"):
+        fp8casts.block_casts(LLAMA, 1, recipe="mx")
+
+
+def test_current_scaling_costs_the_amax_passes_and_tp_reductions():
+    from partita.simulator.network import Group, build_topology, collective
+    delayed, current = _step("fp8", True), _step("fp8", True, recipe="current")
+    assert current.breakdown_s["compute"] > delayed.breakdown_s["compute"]
+    # llama2-7b: 32 blocks at TP 8, 16 micro-batches; 2 + 2 amax all-reduces of 4 bytes per block
+    topo = build_topology(load_catalog().system("dgx-h100"), load_calibration())
+    amax = collective("allreduce", "auto", 4.0, Group(8, 8), topo)
+    assert current.breakdown_s["tp_comm"] - delayed.breakdown_s["tp_comm"] == pytest.approx(
+        16 * 32 * 4 * amax)
+    assert "fp8_amax" not in current.breakdown_s        # no per-pass reduction of delayed scaling
+
+
 def test_t5_decoder_casts_its_cross_attention_too():
     t5 = TransformerDims(arch="t5", layers=2, hidden=512, heads=8, seq_len=256, vocab=32128)
     enc = fp8casts.block_casts(t5, 1)
@@ -109,10 +155,13 @@ def test_scaled_exchange_moves_half_the_all_gather_bytes():
     assert fp8casts.scaled_exchange(0.0, lambda n: 0.0, lambda n: 0.0) == 1.0
 
 
-def _step(precision: str, sp: bool):
+def _step(precision: str, sp: bool, recipe: str | None = None):
+    training = {"global_batch": 16, "micro_batch": 1, "precision": precision}
+    if recipe:
+        training["fp8_recipe"] = recipe
     doc = {"name": "llama-tp", "model": {"preset": "llama2-7b"},
            "cluster": {"system": "dgx-h100", "gpus": 8},
-           "training": {"global_batch": 16, "micro_batch": 1, "precision": precision},
+           "training": training,
            "parallel": {"tensor": 8, "pipeline": 1, "data": 1, "sequence_parallel": sp}}
     return simulate(parse_scenario(doc), load_catalog())
 
