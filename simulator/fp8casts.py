@@ -29,11 +29,13 @@ The kernels, as TE v1.9 runs them without userbuffers (transformer_engine/pytorc
 
 So under sequence parallelism every all-gather of a block (the norm outputs forward, the
 row-parallel gradients backward) moves 1 byte per element while the reduce-scatters stay in bf16
-(`scaled_exchange`). Left out: the weights' cast and transpose, once per step where Megatron-LM
-passes `is_first_microbatch` (4 bytes per parameter of the chunk: 8.8 GB, about 3 ms, per step of
-Llama 2 70B at TP 8 x PP 4 on H100); the scale updates of delayed scaling (its amax reductions
-are `simulator.fp8amax`'s); the memory of the saved fp8 copies (an fp8 input and its transpose
-take the 2 bytes per element a bf16 input does). TE 2.x quantizes the norm output row- and
+(`scaled_exchange`). Where Megatron-LM passes `is_first_microbatch`, the weights are cast with
+their transposes once per step and kept: 2 bytes per GEMM weight element beside the 16-bit
+weights (`weight_cache_bytes`, counted by `simulator.memory`). Left out: that cast's time (4
+bytes per parameter of the chunk: 8.8 GB, about 3 ms, per step of Llama 2 70B at TP 8 x PP 4 on
+H100); the scale updates of delayed scaling (its amax reductions are `simulator.fp8amax`'s); the
+memory of the saved fp8 activation copies (an fp8 input and its transpose take the 2 bytes per
+element a bf16 input does). TE 2.x quantizes the norm output row- and
 column-wise in the norm kernel itself where the forward has no all-gather, which moves the
 transpose's bytes into the forward; the totals differ by at most a byte per norm output element
 from v1.9's.
@@ -75,6 +77,7 @@ AMAX = BF16                         # current scaling: nvte_compute_amax reads t
 SCALE = 12                          # nvte_compute_scale_from_amax: reads the fp32 amax, writes the
                                     # scale and its inverse (a kernel at the GPU's shortest)
 RECIPES = ("delayed", "current")
+WEIGHT_CACHE = 2 * FP8              # a cached fp8 weight and its transpose, per weight element
 # The GEMMs (planner.inventory names) by what feeds them and how tensor parallelism splits them.
 NORM_FED = ("qkv", "cross_q", "mlp_up")         # LayerNormLinear / LayerNormMLP's first linear
 ACTIVATION_FED = ("mlp_down",)                  # LayerNormMLP's second linear
@@ -164,6 +167,23 @@ def block_casts(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 
         saved += s
         red_f, red_b = red_f + rf, red_b + rb
     return Fp8Casts(tuple(fwd), tuple(bwd), saved, red_f, red_b)
+
+
+@lru_cache(maxsize=256)
+def weight_cache_bytes(dims: TransformerDims, tp: int, blocks: int,
+                       decoder_blocks: int = 0) -> float:
+    """Bytes of the fp8 weight copies Transformer Engine keeps on one TP rank for `blocks`
+    (+ `decoder_blocks`) blocks: every GEMM weight cast to fp8 with its transpose, cached from the
+    first micro-batch of a step for the rest and the backward (TE v1.9 module/linear.py: the
+    `get_fp8_workspace(cache_name="weight", with_transpose=...)` that `is_first_microbatch` turns
+    on; Megatron-Core's TE layers pass it unless --disable-parameter-transpose-cache,
+    megatron/core/extensions/transformer_engine.py). Held beside the 16-bit weights."""
+    def per_block(decoder: bool) -> float:
+        kind = inventory.block_kind(dims, decoder)
+        gemms = inventory.block(dims, kind=kind, micro_batch=1, tensor=tp, context=1).gemms
+        return float(sum(g.k * g.n for g in gemms))
+    total = blocks * per_block(False) + (decoder_blocks * per_block(True) if decoder_blocks else 0.0)
+    return WEIGHT_CACHE * total
 
 
 def scaled_exchange(nbytes: float, all_gather_s, reduce_scatter_s) -> float:

@@ -14,8 +14,9 @@ tensor, sequence and context parallelism and recompute). Full recomputation keep
 input plus, while one block is recomputed for its backward, that block's whole activations
 (Chen et al. 2016, Sec. 4.1: checkpoints plus the largest segment); op-level selective
 recomputation keeps the outputs its policy saves plus, likewise, one block whole. The head's
-logits are counted under `other`.
-A rank holds the activations of the micro-batches in flight (`activation_microbatches`).
+logits are counted under `other`, and so are, under fp8, the fp8 copies of the weights Transformer
+Engine keeps for a step (`simulator.fp8casts.weight_cache_bytes`; under ZeRO-3 sharded as the
+weights are). A rank holds the activations of the micro-batches in flight (`activation_microbatches`).
 """
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ from partita.planner.errors import PartitaError
 from partita.planner.modelspec import TransformerDims
 from partita.planner.scenario import ParallelSpec, TrainingSpec
 from partita.planner.stages import chunk_ranges
+from partita.simulator import fp8casts
 from partita.simulator.calibration import Calibration
 from partita.simulator.frameworks import framework_profile
 
@@ -40,8 +42,8 @@ OPTIMIZER_STATE_BYTES = {"adam": 8.0, "sgd": 4.0}     # Adam: two fp32 moments; 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes on one GPU. `other` = logits buffer and the loss's peak beyond it + ZeRO-3 gathered
-    layers + framework reserve."""
+    """Bytes on one GPU. `other` = logits buffer and the loss's peak beyond it + fp8 weight
+    copies + ZeRO-3 gathered layers + framework reserve."""
     parameters: float
     gradients: float
     optimizer: float
@@ -258,6 +260,10 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
         rows = dims.head_positions / cp * micro_batch
         details["loss_peak"] = rows * dims.vocab / tp * (peak - (e if fused_loss else FP32))
         other += logits + details["loss_peak"]
+    if precision == "fp8":        # Transformer Engine's cached fp8 weights and transposes
+        cache = fp8casts.weight_cache_bytes(dims, tp, blocks, decoder_blocks)
+        details["fp8_weight_cache"] = cache / shard if zero >= 3 else cache
+        other += details["fp8_weight_cache"]
     if zero >= 3:                 # two layers' full parameters gathered at once (prefetch)
         layer = block_parameters(dims, decoder=decoder_blocks > 0) / tp
         gathered = 2 * layer * (4.0 if precision in ("fp32", "tf32") else 2.0)

@@ -9,11 +9,13 @@ import yaml
 from partita.planner.catalog import load_catalog
 from partita.planner.errors import PartitaError
 from partita.planner.hardware import GPU
-from partita.planner.modelspec import TransformerDims
+from partita.planner.modelspec import TransformerDims, preset_dims
 from partita.planner.scenario import parse_scenario
 from partita.simulator import fp8casts
 from partita.simulator.calibration import load_calibration
 from partita.simulator.compute import layer_times
+from partita.simulator.memory import pipeline_memory
+from partita.simulator.network import Group, build_topology, collective
 from partita.simulator.step import simulate
 
 FLAT = {  # every efficiency 1, no kernel floor: an elementwise kernel takes bytes / bandwidth
@@ -105,7 +107,6 @@ def test_current_scaling_reduces_amaxes_of_sequence_parallel_gathers_only():
 
 
 def test_current_scaling_costs_the_amax_passes_and_tp_reductions():
-    from partita.simulator.network import Group, build_topology, collective
     delayed, current = _step("fp8", True), _step("fp8", True, recipe="current")
     assert current.breakdown_s["compute"] > delayed.breakdown_s["compute"]
     # llama2-7b: 32 blocks at TP 8, 16 micro-batches; 2 + 2 amax all-reduces of 4 bytes per block
@@ -185,3 +186,33 @@ def test_casts_cost_the_host_their_launches_alone():
     assert host.exposed(1.0, 2, False, launched=10) == 0.0          # hidden behind the device
     # CUDA_LAUNCH_BLOCKING: each launch also waits for its kernel
     assert host.exposed(1.0, 0, True, launched=10) == pytest.approx(10 * (3e-6 + 7e-6))
+
+
+def test_cached_fp8_weights_by_hand():
+    h = 1024
+    # GPT: QKV h x 3h, projection h x h, MLP 4h x h twice = 12 h^2 weights a block; 1 + 1 bytes
+    assert fp8casts.weight_cache_bytes(GPT, 1, 4) == 2 * 4 * 12 * h * h
+    assert fp8casts.weight_cache_bytes(GPT, 2, 4) == 2 * 4 * 12 * h * h / 2
+    # Llama with 4 KV heads of 64: QKV h x (16 + 8) x 64, projection h x h, MLP 3 x h x 2816
+    llama = h * 24 * 64 + h * h + 3 * h * 2816
+    assert fp8casts.weight_cache_bytes(LLAMA, 1, 3) == 2 * 3 * llama
+
+
+def test_fp8_memory_holds_the_cached_weights():
+    d = preset_dims("llama2-7b")
+    doc = {"name": "m", "model": {"preset": "llama2-7b"},
+           "cluster": {"system": "dgx-h100", "gpus": 8},
+           "training": {"global_batch": 16, "micro_batch": 1, "precision": "fp8"},
+           "parallel": {"tensor": 4, "pipeline": 2, "data": 1}}
+    cal = load_calibration()
+    s = parse_scenario(doc)
+    fp8 = pipeline_memory(d, s.training, s.parallel, cal)
+    assert [m.details["fp8_weight_cache"] for m in fp8] == [
+        pytest.approx(fp8casts.weight_cache_bytes(d, 4, 16))] * 2     # 16 blocks a stage at TP 4
+    bf16 = parse_scenario(doc | {"training": {**doc["training"], "precision": "bf16"}})
+    assert all("fp8_weight_cache" not in m.details
+               for m in pipeline_memory(d, bf16.training, bf16.parallel, cal))
+    # under ZeRO-3 the copies are sharded as the weights are
+    z3 = parse_scenario(doc | {"parallel": {"tensor": 2, "pipeline": 1, "data": 4, "zero": 3}})
+    (m,) = pipeline_memory(d, z3.training, z3.parallel, cal)
+    assert m.details["fp8_weight_cache"] == pytest.approx(fp8casts.weight_cache_bytes(d, 2, 32) / 4)
