@@ -80,8 +80,9 @@ def memory_report(scenario, result) -> Report:
             + (f" in shards of {p.data_shard}" if p.data_shard is not None else "")
             + ", micro-batch "
             f"{t.micro_batch}, {t.framework}. Activations are those of the micro-batches each stage "
-            "holds at its fullest point of the schedule; buffers are the logits of the last stage and "
-            "ZeRO-3's gathered layers; reserve is what the caching allocator and the framework hold "
+            "holds at its fullest point of the schedule; buffers are the logits of the last stage, "
+            "ZeRO-3's gathered layers and, under fp8, Transformer Engine's cached fp8 weights; "
+            "reserve is what the caching allocator and the framework hold "
             "beyond the live tensors (data/calibration/memory.yaml)."]
     fmt = {f"{k}_gib": ".2f" for k in KINDS} | {"total_gib": ".2f", "capacity_gib": ".1f",
                                                  "headroom_gib": ".2f"}

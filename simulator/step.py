@@ -154,7 +154,8 @@ def _spans(timeline, dp_spans, opt_s: float, dp_end, pipeline: int) -> tuple[Spa
 
 def stage_details(ctx: StepContext, mem, model: ModelCosts) -> dict:
     """Per pipeline rank: the [start, stop) block ranges of its chunks and its memory by kind
-    (`buffers`: logits, ZeRO-3 gathered layers; `reserve`: the allocator's and framework's share)."""
+    (`buffers`: logits, fp8 weight copies, ZeRO-3 gathered layers; `reserve`: the allocator's and
+    framework's share)."""
     p = ctx.parallel
     ranges = chunk_ranges(model.layer_count(ctx), p)
     layers = [[list(ranges[c]) for c in range(r, len(ranges), p.pipeline)] for r in range(p.pipeline)]
