@@ -438,7 +438,7 @@ def _fp8_recipe(c: Checker) -> str:
     """training.fp8_recipe: a scaling recipe of fp8 training, so only with precision fp8."""
     recipe = c.choice("fp8_recipe", FP8_RECIPES, "delayed")
     precision = c.mapping.get("precision", "bf16")
-    if "fp8_recipe" in c.mapping and precision != "fp8":
+    if c.mapping.get("fp8_recipe") is not None and precision != "fp8":
         raise c.error(f"a scaling recipe of fp8 training (training.precision fp8), but "
                       f"training.precision is {precision}", "fp8_recipe")
     return recipe
