@@ -216,3 +216,19 @@ def test_fp8_recipe_names_its_choices_and_needs_fp8():
     with pytest.raises(PartitaError, match="^training.fp8_recipe: a scaling recipe of fp8 "
                                            "training .*training.precision is bf16$"):
         parse_scenario(doc(training__fp8_recipe="delayed"))
+
+
+@pytest.mark.parametrize("training, message", [
+    ({"precision": "fp8", "fp8_recipe": "mxfp8"},
+     "training.fp8_recipe: expected one of delayed, current, got 'mxfp8'"),
+    ({"precision": "bf16", "fp8_recipe": "current"},
+     "training.fp8_recipe: a scaling recipe of fp8 training"),
+])
+def test_a_bad_fp8_recipe_is_one_error_line_naming_the_file(tmp_path, capsys, training, message):
+    path = tmp_path / "s.yaml"
+    d = doc(cluster__system="dgx-h100")
+    d["training"].update(training)
+    path.write_text(yaml.safe_dump(d))
+    assert main(["simulate", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path}: {message}") and err.count("\n") == 1
