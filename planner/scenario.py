@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from partita.planner.documents import Checker, load_document
-from partita.planner.enums import (ARCHS, ATTENTION, CP_COMM_TYPES, FLASH_KERNELS, FP8_RECIPES,
-                                   FRAMEWORKS, GRAD_REDUCE, NORM_FORMS, OPTIMIZER_IMPLS, OPTIMIZERS,
-                                   PRECISIONS, RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES,
+from partita.planner.enums import (ARCHS, ATTENTION, BLOCK_SCALED_ARCHS, CP_COMM_TYPES,
+                                   FLASH_KERNELS, FP8_RECIPES, FRAMEWORKS, GRAD_REDUCE, NORM_FORMS,
+                                   OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES,
                                    UNPAD_FORMS)
 from partita.planner.errors import PartitaError
 from partita.planner.layout import LayoutError, layout_stages
@@ -122,6 +122,8 @@ class TrainingSpec:
                                     # from the history, all-reduced per autocast; simulator/fp8amax.py)
                                     # | current (Float8CurrentScaling, --fp8-recipe tensorwise: each
                                     # cast takes its tensor's own amax first; simulator/fp8casts.py)
+                                    # | mxfp8 (MXFP8BlockScaling, --fp8-recipe mxfp8: a scale per 32
+                                    # elements, both directions quantized; Blackwell only)
 
     def recomputed_blocks(self, blocks: int) -> int:
         """How many of a chunk's `blocks` transformer blocks run their forward again in backward:
@@ -554,6 +556,23 @@ def _parse_stages(c: Checker) -> tuple[tuple[int, int], ...] | None:
 # The archs whose blocks have the layer each eager form replaces: RMSNorm (Llama; T5's LayerNorm
 # is an RMSNorm) and rotary embeddings (Llama).
 EAGER_ARCHS = {"norm_kernel": ("llama", "t5"), "rope_kernel": ("llama",)}
+
+
+def fp8_recipe_problem(training: TrainingSpec, gpu) -> str | None:
+    """Why `gpu` cannot run training.fp8_recipe, or None: MXFP8's block-scaled GEMMs need tensor
+    cores that apply an E8M0 scale per 32 elements, which Blackwell's have and Hopper's lack
+    (Transformer Engine v2.8 transformer_engine/pytorch/fp8.py `check_mxfp8_support`: "Device compute
+    capability 10.0 or higher required for MXFP8 execution"); a catalog GPU says its generation in
+    `arch`."""
+    if training.precision != "fp8" or training.fp8_recipe != "mxfp8":
+        return None
+    arch = gpu.extra.get("arch")
+    if arch in BLOCK_SCALED_ARCHS:
+        return None
+    return (f"training.fp8_recipe: mxfp8 needs a GPU whose tensor cores run block-scaled fp8 "
+            f"(catalog arch {' or '.join(BLOCK_SCALED_ARCHS)}, e.g. b200), but {gpu.name} is "
+            f"{'of arch ' + repr(arch) if arch else 'without an arch in the catalog'}; use "
+            f"fp8_recipe delayed or current")
 
 
 def check_kernel_forms(training: TrainingSpec, dims: TransformerDims | None,

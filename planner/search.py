@@ -34,7 +34,7 @@ from partita.planner.planresult import (COLUMNS, Candidate, PlanResult, _budget,
                                         _objective_key, _times, BOUNDS, budget_values)
 from partita.planner.planspec import PlanSpec, read_spec
 from partita.planner.refine import refine_stages
-from partita.planner.scenario import ParallelSpec, Scenario, check_plan
+from partita.planner.scenario import ParallelSpec, Scenario, check_plan, fp8_recipe_problem
 from partita.planner.stages import chunk_ranges, with_default_stages
 from partita.planner.units import GIB
 
@@ -110,8 +110,8 @@ def _time_layouts(run: _Run, *, deadline: float | None, max_evaluations: int | N
     spec, catalog = run.spec, run.catalog
     groups, pruned, skipped, unsupported = _layouts(spec, catalog)
     run.notes.extend(skipped)
-    if not groups and len(unsupported) == len(spec.systems):     # no system runs the precision
-        raise PartitaError(f"{spec.origin}: training.precision: " + "; ".join(unsupported))
+    if not groups and len(unsupported) == len(spec.systems):     # no system runs the training
+        raise PartitaError(f"{spec.origin}: " + "; ".join(unsupported))
     if not groups:
         raise PartitaError(f"{spec.origin}: no layout passes the rules and fits in memory "
                            f"({pruned} tried): " + spec.no_layout_hint()
@@ -241,8 +241,8 @@ def _split_line(plans, splits: dict[tuple, str]) -> str:
 def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str], list[str]]:
     """Layouts that pass the rules and the memory floor, grouped by everything but recompute
     and ZeRO; each group ordered by ZeRO stage, then recompute from none to full; the number
-    pruned; the skip notes; and, of those, the systems whose GPU lacks the precision ("system:
-    reason"), skipped whole."""
+    pruned; the skip notes; and, of those, the systems whose GPU lacks the precision or the fp8
+    recipe ("key: system: reason"), skipped whole."""
     groups: dict[tuple, list[Layout]] = {}
     pruned, skipped, unsupported = 0, [], []
     for system in spec.systems:
@@ -251,7 +251,13 @@ def _layouts(spec: PlanSpec, catalog) -> tuple[list[list[Layout]], int, list[str
             sysobj.gpu.peak(spec.scenario.training.precision)
         except PartitaError as exc:
             skipped.append(f"{system} skipped: {exc}")
-            unsupported.append(f"{system}: {exc}")
+            unsupported.append(f"training.precision: {system}: {exc}")
+            continue
+        problem = fp8_recipe_problem(spec.scenario.training, sysobj.gpu)
+        if problem:
+            skipped.append(f"{system} skipped: {problem}")
+            key, _, why = problem.partition(": ")
+            unsupported.append(f"{key}: {system}: {why}")
             continue
         unusable: dict[str, list[int]] = {}
         for gpus in spec.counts(sysobj):

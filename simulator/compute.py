@@ -259,7 +259,7 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     "matrix": the RMSNorms and RoPE as PyTorch ops, at their measured traffic
     (`simulator.eagerops`). Under fp8, Transformer Engine's casts of the GEMM inputs and output
     gradients to fp8 add to the elementwise work (`simulator.fp8casts`; `fp8_recipe` delayed or
-    current scaling). `early_stop`: full
+    current scaling, or MXFP8 block scaling). `early_stop`: full
     recompute stops where the block's last saved tensor is saved again (`early_stop_skip`).
     `attention_unpad` ("per-tensor", "per-layer"): q, k and v are unpadded and the output padded
     around a variable-length flash kernel (`unpad_times`)."""

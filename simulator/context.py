@@ -13,7 +13,7 @@ from partita.planner.hardware import System
 from partita.planner.modelspec import TransformerDims
 from partita.planner.profile import ModelProfile
 from partita.planner.scenario import (ParallelSpec, Scenario, TrainingSpec, check_kernel_forms,
-                                      check_plan)
+                                      check_plan, fp8_recipe_problem)
 from partita.planner.stages import with_default_stages
 from partita.simulator import profiled
 from partita.simulator.placement import Placement
@@ -54,6 +54,9 @@ def resolve(scenario: Scenario, catalog) -> StepContext:
         system.gpu.peak(scenario.training.precision)
     except PartitaError as exc:
         raise PartitaError(f"{where}training.precision: {exc}") from None
+    problem = fp8_recipe_problem(scenario.training, system.gpu)
+    if problem:
+        raise PartitaError(f"{where}{problem}")
     spec = scenario.model
     if getattr(spec, "hf_config", None) is not None and getattr(spec, "seq_len", None) is None:
         positions = next((spec.hf_config[k] for k in ("max_position_embeddings", "n_positions",

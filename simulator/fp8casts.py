@@ -59,6 +59,26 @@ amax is known (TE v2.4 transformer_engine/pytorch/csrc/extensions/):
   `_customize_quantizers_float8_current_scaling` of linear.py, layernorm_linear.py and
   layernorm_mlp.py; `process_group->allreduce(...)->wait()`): `Fp8Casts.*_tp_amax_reductions`.
 There is no per-pass amax reduction of delayed scaling (`simulator.fp8amax`).
+
+MXFP8 (`training.fp8_recipe: mxfp8`: TE 2.x's `MXFP8BlockScaling`, Megatron-LM's `--fp8-recipe
+mxfp8`; Blackwell only, `planner.scenario.fp8_recipe_problem`) scales each block of 32 elements by
+its own power of two, an E8M0 byte (OCP Microscaling Formats v1.0). A block runs along a row for
+the forward GEMM's operands and along a column for the weight gradient's, so a transposed fp8 copy
+cannot be made from the row-wise one: every quantization reads the bf16 tensor once and writes
+both directions with their scales, 2 + 1 + 1 + 2/32 bytes per element (`MX_BOTH`), and nothing is
+transposed in the backward (TE v2.8 transformer_engine/pytorch/csrc/extensions/):
+- the norms write bf16 and a quantization follows (normalization.cpp: `Impl::UNFUSED` for MXFP8
+  quantizers unless NVTE_NORM_FWD_USE_CUDNN);
+- the activation writes MXFP8 itself (activation.cpp: `Impl::FULLY_FUSED` for MXFP8), and the GELU's
+  backward stays fused with the gradient's quantization (module/layernorm_mlp.py `_act_func`:
+  dbias_dgelu for delayed scaling and MXFP8);
+- no amaxes, so no amax reduction of any kind;
+- under sequence parallelism the forward gathers the row-wise data with its scales, and the
+  backward gathers the row-parallel output gradients in both directions (`gathered_bytes`):
+  2 + 2/32 bytes per element, more than the bf16 gather's 2. The column-wise copy of a gathered
+  input is gathered in the backward beside the data gradient's GEMM (linear.py,
+  `backward_input_needs_gather`, asynchronous), as Megatron-LM re-gathers a bf16 input: not charged.
+Left out: the scales' share of a fused kernel's bytes (dbias_dgelu's 2/32 per element).
 """
 from __future__ import annotations
 
@@ -66,6 +86,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from partita.planner import inventory
+from partita.planner.enums import FP8_RECIPES
 from partita.planner.errors import PartitaError
 from partita.planner.inventory import Gemm
 from partita.planner.modelspec import TransformerDims
@@ -78,7 +99,10 @@ TRANSPOSE = 2 * FP8                 # read fp8, write its transpose
 AMAX = BF16                         # current scaling: nvte_compute_amax reads the bf16 tensor
 SCALE = 12                          # nvte_compute_scale_from_amax: reads the fp32 amax, writes the
                                     # scale and its inverse (a kernel at the GPU's shortest)
-RECIPES = ("delayed", "current")
+MX_BLOCK = 32                       # MXFP8: elements per E8M0 scale (1 byte), along one direction
+MX_BOTH = BF16 + 2 * FP8 + 2 * FP8 / MX_BLOCK   # read bf16, write row- and column-wise fp8 and scales
+MX_ROWWISE = FP8 + FP8 / MX_BLOCK   # bytes per element of one direction's data with its scales
+RECIPES = FP8_RECIPES
 WEIGHT_CACHE = 2 * FP8              # a cached fp8 weight and its transpose, per weight element
 # The GEMMs (planner.inventory names) by what feeds them and how tensor parallelism splits them.
 NORM_FED = ("qkv", "cross_q", "mlp_up")         # LayerNormLinear / LayerNormMLP's first linear
@@ -107,10 +131,13 @@ class Fp8Casts:
 
 
 def _gemm_casts(g: Gemm, tp: int, sp: bool, gated: bool,
-                current: bool = False) -> tuple[list[float], list[float], float, int, int]:
+                recipe: str = "delayed") -> tuple[list[float], list[float], float, int, int]:
     """(forward kernels' bytes, backward kernels' bytes, forward bf16 bytes saved, forward and
-    backward TP amax all-reduces) of one GEMM (m tokens x k in -> n out on this rank) under
-    delayed scaling, or under current scaling with `current` (see the module docstring)."""
+    backward TP amax all-reduces) of one GEMM (m tokens x k in -> n out on this rank) under the
+    scaling `recipe` (see the module docstring)."""
+    if recipe == "mxfp8":
+        return _mxfp8_gemm_casts(g, tp, sp, gated)
+    current = recipe == "current"
     fwd: list[float] = []
     bwd: list[float] = []
     saved = 0.0
@@ -147,6 +174,26 @@ def _gemm_casts(g: Gemm, tp: int, sp: bool, gated: bool,
     return fwd, bwd, saved, red_f, red_b
 
 
+def _mxfp8_gemm_casts(g: Gemm, tp: int, sp: bool,
+                      gated: bool) -> tuple[list[float], list[float], float, int, int]:
+    """`_gemm_casts` under MXFP8 block scaling: every quantization writes both directions with their
+    scales from one read of the bf16 tensor, so no backward transposes (see the module docstring)."""
+    fwd: list[float] = []
+    bwd: list[float] = []
+    saved = 0.0
+    row = g.name in ROW_PARALLEL
+    shard = g.m / tp if sp else g.m
+    if g.name in ACTIVATION_FED:                  # the activation kernel writes MXFP8 itself
+        saved += (BF16 - (MX_BOTH - BF16)) * g.m * g.k
+    else:                                         # the norm writes bf16; a quantization follows
+        fwd.append(MX_BOTH * (g.m if row else shard) * g.k)
+    if g.name == "mlp_up" and not gated:
+        pass                                      # fused into the GELU's backward (dbias_dgelu)
+    else:                                         # the output gradient: quantized (then gathered)
+        bwd.append(MX_BOTH * (shard if row and sp else g.m) * g.n)
+    return fwd, bwd, saved, 0, 0
+
+
 @lru_cache(maxsize=256)
 def block_casts(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 1,
                 sp: bool = False, *, decoder: bool = False, recipe: str = "delayed") -> Fp8Casts:
@@ -163,7 +210,7 @@ def block_casts(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 
     saved = 0.0
     red_f = red_b = 0
     for g in gemms:
-        f, b, s, rf, rb = _gemm_casts(g, tp, sp, gated, recipe == "current")
+        f, b, s, rf, rb = _gemm_casts(g, tp, sp, gated, recipe)
         fwd += f
         bwd += b
         saved += s
@@ -173,27 +220,42 @@ def block_casts(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 
 
 @lru_cache(maxsize=256)
 def weight_cache_bytes(dims: TransformerDims, tp: int, blocks: int,
-                       decoder_blocks: int = 0) -> float:
+                       decoder_blocks: int = 0, recipe: str = "delayed") -> float:
     """Bytes of the fp8 weight copies Transformer Engine keeps on one TP rank for `blocks`
     (+ `decoder_blocks`) blocks: every GEMM weight cast to fp8 with its transpose, cached from the
     first micro-batch of a step for the rest and the backward (TE v1.9 module/linear.py: the
     `get_fp8_workspace(cache_name="weight", with_transpose=...)` that `is_first_microbatch` turns
     on; Megatron-Core's TE layers pass it unless --disable-parameter-transpose-cache,
-    megatron/core/extensions/transformer_engine.py). Held beside the 16-bit weights."""
+    megatron/core/extensions/transformer_engine.py). Held beside the 16-bit weights. Under MXFP8 each
+    copy carries its E8M0 scales (1 byte per `MX_BLOCK` elements: `MX_ROWWISE` per direction)."""
     def per_block(decoder: bool) -> float:
         kind = inventory.block_kind(dims, decoder)
         gemms = inventory.block(dims, kind=kind, micro_batch=1, tensor=tp, context=1).gemms
         return float(sum(g.k * g.n for g in gemms))
     total = blocks * per_block(False) + (decoder_blocks * per_block(True) if decoder_blocks else 0.0)
-    return WEIGHT_CACHE * total
+    per_element = 2 * MX_ROWWISE if recipe == "mxfp8" else WEIGHT_CACHE
+    return per_element * total
 
 
-def scaled_exchange(nbytes: float, all_gather_s, reduce_scatter_s) -> float:
+def gathered_bytes(recipe: str = "delayed", *, backward: bool = False) -> float:
+    """Bytes per element a sequence-parallel all-gather of a block moves under fp8: the norm
+    outputs (forward) and the row-parallel output gradients (backward). Delayed and current
+    scaling gather the fp8 data alone and transpose after (`FP8`); MXFP8 gathers the row-wise data
+    with its scales forward, and both directions with theirs backward, where the weight gradient
+    needs the column-wise copy (TE v2.8 distributed.py `_all_gather_mxfp8`; linear.py sets the
+    gather's usage row-wise only in the forward, base.py `grad_output_preprocess` both)."""
+    if recipe != "mxfp8":
+        return FP8
+    return 2 * MX_ROWWISE if backward else MX_ROWWISE
+
+
+def scaled_exchange(nbytes: float, all_gather_s, reduce_scatter_s,
+                    per_element: float = FP8) -> float:
     """The fraction of a bf16 sequence-parallel exchange of `nbytes` (an all-gather and a
     reduce-scatter of the same tensor) that the fp8 exchange takes: its all-gather moves
-    FP8 / BF16 of the bytes. `all_gather_s` and `reduce_scatter_s` give a collective's seconds for
-    a byte count."""
+    `per_element` / BF16 of the bytes (`gathered_bytes`), the reduce-scatter stays in bf16.
+    `all_gather_s` and `reduce_scatter_s` give a collective's seconds for a byte count."""
     bf16 = all_gather_s(nbytes) + reduce_scatter_s(nbytes)
     if bf16 <= 0.0:
         return 1.0
-    return (all_gather_s(nbytes * FP8 / BF16) + reduce_scatter_s(nbytes)) / bf16
+    return (all_gather_s(nbytes * per_element / BF16) + reduce_scatter_s(nbytes)) / bf16

@@ -212,7 +212,8 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
                  softmax_fp32: bool = False, fused_loss: bool = False,
                  eager_norm: bool = False, attention_unpad: bool = False,
                  framework: str = "megatron", recomputed: int | None = None,
-                 activation_model: ActivationModel = MEGATRON) -> MemoryEstimate:
+                 activation_model: ActivationModel = MEGATRON,
+                 fp8_recipe: str = "delayed") -> MemoryEstimate:
     """Memory of one GPU holding `blocks` encoder/decoder-only blocks and `decoder_blocks` t5
     decoder blocks (default: the whole model), `inflight` micro-batches of `activation_model`'s
     activations. Under full recompute, `recomputed` of those blocks (encoder blocks first; default
@@ -261,7 +262,7 @@ def stage_memory(dims: TransformerDims, *, micro_batch: int, precision: str, opt
         details["loss_peak"] = rows * dims.vocab / tp * (peak - (e if fused_loss else FP32))
         other += logits + details["loss_peak"]
     if precision == "fp8":        # Transformer Engine's cached fp8 weights and transposes
-        cache = fp8casts.weight_cache_bytes(dims, tp, blocks, decoder_blocks)
+        cache = fp8casts.weight_cache_bytes(dims, tp, blocks, decoder_blocks, fp8_recipe)
         details["fp8_weight_cache"] = cache / shard if zero >= 3 else cache
         other += details["fp8_weight_cache"]
     if zero >= 3:                 # two layers' full parameters gathered at once (prefetch)
@@ -352,5 +353,5 @@ def pipeline_memory(dims: TransformerDims, training: TrainingSpec, parallel: Par
             fused_loss=training.fused_cross_entropy, recomputed=recomputed,
             eager_norm=training.norm_kernel == "eager",
             attention_unpad=training.attention_unpad != "none",
-            activation_model=activation_model))
+            activation_model=activation_model, fp8_recipe=training.fp8_recipe))
     return tuple(out)

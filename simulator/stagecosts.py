@@ -110,18 +110,21 @@ def block_cost(env: StepEnv, *, decoder: bool, recompute: str | None = None) -> 
     if p.tensor > 1:
         nbytes = element_bytes(t.precision) * t.micro_batch * d.seq_len / p.context * d.hidden
         group = Group(p.tensor, min(p.tensor, ctx.placement.gpus_per_node))
-        per_op = collective("allreduce", "auto", nbytes, group, topo)
+        per_op = per_op_b = collective("allreduce", "auto", nbytes, group, topo)
         if p.sequence_parallel and t.precision == "fp8":
             # Transformer Engine all-gathers the norm outputs and the row-parallel gradients in fp8
-            per_op *= fp8casts.scaled_exchange(
-                nbytes, lambda n: collective("all_gather", "auto", n, group, topo),
-                lambda n: collective("reduce_scatter", "auto", n, group, topo))
+            def scaled(backward: bool) -> float:
+                return fp8casts.scaled_exchange(
+                    nbytes, lambda n: collective("all_gather", "auto", n, group, topo),
+                    lambda n: collective("reduce_scatter", "auto", n, group, topo),
+                    fp8casts.gathered_bytes(t.fp8_recipe, backward=backward))
+            per_op, per_op_b = per_op * scaled(False), per_op * scaled(True)
         ops = 3 if decoder else 2
         tp_f = ops * per_op
         # full and op-level selective recompute run the forward's collectives again (the op
         # policy keeps no all-gather or all-reduce output: torchtitan saves reduce-scatters only);
         # a full recompute stopped early leaves out the MLP output projection's reduction
-        tp_b = ops * per_op + (tp_f if recompute in WHOLE_FORWARD_AGAIN else 0.0)
+        tp_b = ops * per_op_b + (tp_f if recompute in WHOLE_FORWARD_AGAIN else 0.0)
         if recompute == "full" and _early_stop_skips(env)[0]:
             tp_b -= per_op
     if p.tp_comm_overlap:

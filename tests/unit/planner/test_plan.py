@@ -89,6 +89,18 @@ def test_a_system_that_cannot_run_the_precision_is_skipped_with_its_reason():
              evaluate=fake_evaluate, systems=["p3dn.24xlarge"], max_gpus=8)
 
 
+def test_a_system_that_cannot_run_the_fp8_recipe_is_skipped_with_its_reason():
+    mx = small(cluster__system=None, cluster__gpus=None, training__precision="fp8",
+               training__fp8_recipe="mxfp8")
+    r = plan(mx, catalog=CATALOG, evaluate=fake_evaluate,
+             systems=["p5.48xlarge", "p6-b200.48xlarge"], max_gpus=8)
+    assert any(n.startswith("p5.48xlarge skipped: training.fp8_recipe: mxfp8 needs") for n in r.notes)
+    assert set(r.table().system) == {"p6-b200.48xlarge"}
+    with pytest.raises(PartitaError, match="^scenario: training.fp8_recipe: p5.48xlarge: mxfp8 "
+                       "needs a GPU whose tensor cores run block-scaled fp8 .*'hopper'"):
+        plan(mx, catalog=CATALOG, evaluate=fake_evaluate, systems=["p5.48xlarge"], max_gpus=8)
+
+
 def test_a_system_the_catalog_cannot_link_is_skipped_with_its_reason():
     r = plan(small(cluster__system=None, cluster__gpus=None), catalog=CATALOG,
              evaluate=fake_evaluate, systems=["g5.48xlarge", "p4d.24xlarge"], max_gpus=16)

@@ -211,16 +211,19 @@ def test_fp8_recipe_defaults_to_delayed_and_round_trips():
 
 def test_fp8_recipe_names_its_choices_and_needs_fp8():
     with pytest.raises(PartitaError, match="^training.fp8_recipe: expected one of delayed, "
-                                           "current, got 'mxfp8'$"):
-        parse_scenario(doc(training__precision="fp8", training__fp8_recipe="mxfp8"))
+                                           "current, mxfp8, got 'nvfp4'$"):
+        parse_scenario(doc(training__precision="fp8", training__fp8_recipe="nvfp4"))
     with pytest.raises(PartitaError, match="^training.fp8_recipe: a scaling recipe of fp8 "
                                            "training .*training.precision is bf16$"):
         parse_scenario(doc(training__fp8_recipe="delayed"))
 
 
 @pytest.mark.parametrize("training, message", [
-    ({"precision": "fp8", "fp8_recipe": "mxfp8"},
-     "training.fp8_recipe: expected one of delayed, current, got 'mxfp8'"),
+    ({"precision": "fp8", "fp8_recipe": "nvfp4"},
+     "training.fp8_recipe: expected one of delayed, current, mxfp8, got 'nvfp4'"),
+    ({"precision": "fp8", "fp8_recipe": "mxfp8"},          # dgx-h100: Hopper has no MXFP8 GEMMs
+     "training.fp8_recipe: mxfp8 needs a GPU whose tensor cores run block-scaled fp8 (catalog arch "
+     "blackwell, e.g. b200), but h100-80gb is of arch 'hopper'; use fp8_recipe delayed or current"),
     ({"precision": "bf16", "fp8_recipe": "current"},
      "training.fp8_recipe: a scaling recipe of fp8 training"),
 ])

@@ -102,7 +102,7 @@ def test_current_scaling_reduces_amaxes_of_sequence_parallel_gathers_only():
                                 ).forward_tp_amax_reductions == 0
     assert fp8casts.block_casts(LLAMA, 1, tp=2, sp=True).forward_tp_amax_reductions == 0
     with pytest.raises(PartitaError, match="training.fp8_recipe: expected one of delayed, "
-                                           "current, got 'mx'"):
+                                           "current, mxfp8, got 'mx'"):
         fp8casts.block_casts(LLAMA, 1, recipe="mx")
 
 
@@ -216,3 +216,81 @@ def test_fp8_memory_holds_the_cached_weights():
     z3 = parse_scenario(doc | {"parallel": {"tensor": 2, "pipeline": 1, "data": 4, "zero": 3}})
     (m,) = pipeline_memory(d, z3.training, z3.parallel, cal)
     assert m.details["fp8_weight_cache"] == pytest.approx(fp8casts.weight_cache_bytes(d, 2, 32) / 4)
+
+
+# ---- MXFP8 (training.fp8_recipe: mxfp8, TE v2.8's MXFP8BlockScaling) ----
+
+MX = 2 + 2 + 2 / 32            # read bf16, write row- and column-wise fp8 with an E8M0 scale per 32
+
+
+def test_mxfp8_gpt_block_without_sequence_parallelism_by_hand():
+    m, h, f = 2 * 512, 1024, 4 * 1024
+    c = fp8casts.block_casts(GPT, 2, recipe="mxfp8")
+    # forward: the norms write bf16 and are quantized after (QKV's and MLP up's inputs), the
+    # projection's input is quantized; the GELU writes MXFP8 itself, 2 + 2/32 bytes for bf16's 2
+    assert c.forward_kernel_bytes == (MX * m * h, MX * m * h, MX * m * h)
+    assert c.forward_saved_bytes == pytest.approx(-(2 / 32) * m * f)
+    # backward: only the output gradients (QKV's, the projection's, MLP down's; MLP up's is fused
+    # into the GELU's backward): both directions are written, so nothing is transposed
+    assert c.backward_kernel_bytes == (MX * m * 3 * h, MX * m * h, MX * m * h)
+    assert (c.forward_tp_amax_reductions, c.backward_tp_amax_reductions) == (0, 0)
+
+
+def test_mxfp8_llama_block_with_sequence_parallelism_by_hand():
+    tp, m, h, f = 2, 512, 1024, 2816 // 2
+    qkv = (16 // tp + 2 * 4 // tp) * 64
+    c = fp8casts.block_casts(LLAMA, 1, tp=tp, sp=True, recipe="mxfp8")
+    # forward: the norm outputs are quantized on the rank's own rows before the gather; the
+    # projection's input (every row, heads split) is quantized whole; SwiGLU writes MXFP8
+    assert c.forward_kernel_bytes == (MX * m / tp * h, MX * m * (h // tp), MX * m / tp * h)
+    # backward: QKV's gradient on every row; the row-parallel gradients on the rank's rows before
+    # their gather; MLP up's (gate and up) gradient after the bf16 dswiglu
+    assert c.backward_kernel_bytes == (MX * m * qkv, MX * m / tp * h, MX * m * 2 * f,
+                                       MX * m / tp * h)
+
+
+def test_mxfp8_gathers_scales_forward_and_both_directions_backward():
+    assert fp8casts.gathered_bytes("delayed") == fp8casts.gathered_bytes("current",
+                                                                         backward=True) == 1
+    assert fp8casts.gathered_bytes("mxfp8") == 1 + 1 / 32
+    assert fp8casts.gathered_bytes("mxfp8", backward=True) == 2 + 2 / 32
+    ag = lambda n: n / 1e11                              # noqa: E731
+    n = 1e8
+    # backward, MXFP8's all-gather moves more than bf16's, its reduce-scatter as much
+    assert fp8casts.scaled_exchange(n, ag, ag, fp8casts.gathered_bytes("mxfp8", backward=True)
+                                    ) == pytest.approx((2 + 2 / 32) / 2 / 2 + 0.5)
+
+
+def test_mxfp8_weight_copies_carry_their_scales():
+    h = 1024
+    assert fp8casts.weight_cache_bytes(GPT, 1, 4, recipe="mxfp8") == pytest.approx(
+        2 * (1 + 1 / 32) * 4 * 12 * h * h)
+
+
+def _b200_step(recipe: str):
+    doc = {"name": "llama-tp-b200", "model": {"preset": "llama2-7b"},
+           "cluster": {"system": "p6-b200.48xlarge", "gpus": 8},
+           "training": {"global_batch": 16, "micro_batch": 1, "precision": "fp8",
+                        "fp8_recipe": recipe},
+           "parallel": {"tensor": 8, "pipeline": 1, "data": 1, "sequence_parallel": True}}
+    return simulate(parse_scenario(doc), load_catalog())
+
+
+def test_mxfp8_step_on_blackwell_has_no_amax_reductions_and_gathers_more():
+    delayed, mx = _b200_step("delayed"), _b200_step("mxfp8")
+    assert delayed.breakdown_s["fp8_amax"] > 0 and "fp8_amax" not in mx.breakdown_s
+    # the backward gathers both directions: more TP bytes than delayed scaling's fp8 gathers
+    assert mx.breakdown_s["tp_comm"] > delayed.breakdown_s["tp_comm"]
+    assert mx.peak_memory_bytes > delayed.peak_memory_bytes      # the weights' scales
+
+
+def test_mxfp8_needs_a_blackwell_gpu():
+    doc = {"name": "h100-mx", "model": {"preset": "llama2-7b"},
+           "cluster": {"system": "dgx-h100", "gpus": 8},
+           "training": {"global_batch": 16, "micro_batch": 1, "precision": "fp8",
+                        "fp8_recipe": "mxfp8"},
+           "parallel": {"tensor": 8, "pipeline": 1, "data": 1}}
+    with pytest.raises(PartitaError, match="^training.fp8_recipe: mxfp8 needs a GPU whose tensor "
+                                           "cores run block-scaled fp8 .* h100-80gb is of arch "
+                                           "'hopper'"):
+        simulate(parse_scenario(doc), load_catalog())
