@@ -391,6 +391,9 @@ class _Run:
             if high is not None:
                 days_high = days * high / r.step_time_s
                 usd_high = _times(usd, high / r.step_time_s)
+        # the capacity the simulator fits against: what CUDA leaves usable (A100 40GB: 39.5 GiB),
+        # as `simulate` prints it, not the catalog's label
+        base["memory_capacity_gib"] = r.memory_capacity_bytes / GIB
         cand = Candidate(**base, step_time_s=r.step_time_s, step_time_low_s=low,
                          step_time_high_s=high, tokens_per_s=r.tokens_per_s,
                          mfu=r.mfu, bubble_fraction=r.bubble_fraction,

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import pandas as pd
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
 from partita.planner.errors import PartitaError
 from partita.reports.figures import SERIES, new_figure, png_bytes
@@ -83,8 +83,11 @@ def best_plans(frame: pd.DataFrame, objective: str = "time") -> pd.DataFrame:
     for (system, gpus), part in ok.groupby(["system", "gpus"], sort=True):
         best = part.sort_values([key, "step_time_s", "usd"], kind="mergesort").iloc[0]
         rows.append(best)
-    if not rows:
-        return pd.DataFrame(columns=["system", "nodes", "gpus", "plan", "scaling_efficiency"])
+    cols = ["system", "nodes", "gpus", "plan", "step_time_s", "tokens_per_s", "mfu",
+            "scaling_efficiency", "peak_memory_gib", "memory_capacity_gib", "usd_per_hour",
+            "usd_per_hour_spot", "days", "usd", "usd_spot", "pareto"]
+    if not rows:                  # every column the page reads, no row
+        return pd.DataFrame(columns=cols)
     best = pd.DataFrame(rows).reset_index(drop=True)
     best.insert(3, "plan", [plan_text(r) for _, r in best.iterrows()])
     eff = []
@@ -93,9 +96,6 @@ def best_plans(frame: pd.DataFrame, objective: str = "time") -> pd.DataFrame:
         per_gpu0 = first["tokens_per_s"] / first["gpus"]
         eff.append(r["tokens_per_s"] / r["gpus"] / per_gpu0)
     best["scaling_efficiency"] = eff
-    cols = ["system", "nodes", "gpus", "plan", "step_time_s", "tokens_per_s", "mfu",
-            "scaling_efficiency", "peak_memory_gib", "memory_capacity_gib", "usd_per_hour",
-            "usd_per_hour_spot", "days", "usd", "usd_spot", "pareto"]
     cols += [c for c in OPTIONAL_COLUMNS if c in best.columns]
     return best[cols]
 
@@ -142,9 +142,22 @@ def problems_table(frame: pd.DataFrame) -> pd.DataFrame:
                       f"{r['memory_capacity_gib']:.1f} GiB")
         else:
             continue
-        rows.append({"system": r["system"], "gpus": r["gpus"], "plan": plan_text(r),
+        gpus = r["gpus"]
+        rows.append({"system": r["system"], "gpus": "" if gpus is None or pd.isna(gpus) else int(gpus),
+                     "plan": _plan_or_search(r),
                      "reason": reason})
     return pd.DataFrame(rows, columns=["system", "gpus", "plan", "reason"])
+
+
+def _plan_or_search(row) -> str:
+    """The candidate's plan, or, for a size the planner could not serve (`plan_candidates`: no
+    plan, only the search's reason), the size that was searched."""
+    if row["tensor"] is not None and not pd.isna(row["tensor"]):
+        return plan_text(row)
+    nodes = row.get("nodes") if hasattr(row, "get") else None
+    if nodes is not None and not pd.isna(nodes):
+        return f"no plan: the search on {int(nodes)} node{'s' if int(nodes) != 1 else ''}"
+    return "no plan"
 
 
 def _dollars(value: float, _pos=None) -> str:
@@ -191,9 +204,24 @@ def _cost_figure(frame: pd.DataFrame, best: pd.DataFrame) -> bytes:
                 label="Pareto front (time, cost)", zorder=2)
         ax.scatter(front["days"], front["usd"], s=70, facecolor="none", edgecolor="black",
                    zorder=4)
+    # candidates far from the best (a deep pipeline on few GPUs, years to train) would squeeze the
+    # best plans into a corner: an axis that spans more than a decade is logarithmic
+    scales = []
+    for axis, values, setter in ((ax.xaxis, ok["days"], ax.set_xscale),
+                                 (ax.yaxis, ok["usd"], ax.set_yscale)):
+        positive = values[values > 0]
+        log = len(positive) > 1 and positive.max() > 10 * positive.min()
+        if log:
+            setter("log")
+            axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            axis.set_minor_formatter(NullFormatter())
+        scales.append("log" if log else "linear")
     ax.yaxis.set_major_formatter(FuncFormatter(_dollars))
-    ax.set_xlabel("time to train the token budget (days)")
-    ax.set_ylabel("cost on demand (USD)")
+    if scales[0] == "log":
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos=None: f"{v:g}"))
+    ax.set_xlabel("time to train the token budget (days)"
+                  + (", log scale" if scales[0] == "log" else ""))
+    ax.set_ylabel("cost on demand (USD)" + (", log scale" if scales[1] == "log" else ""))
     ax.set_title("Time vs cost (labels: GPUs)")
     ax.grid(True, which="both", alpha=0.2)
     ax.legend(fontsize=8)
@@ -209,7 +237,8 @@ def plan_candidates(file, *, catalog, systems: Sequence[str], objective: str = "
     keeping counts from `low` up. The scenario's model and training settings are kept; its
     cluster, parallel section and micro-batch are what the comparison searches, so they are
     released, so the file may leave them open as `partita plan` takes it. A size the planner
-    cannot serve becomes a row with its reason; a file it cannot read at all is an error."""
+    cannot serve, and a system a search skipped whole (a GPU without the precision or the fp8
+    recipe), becomes a row with its reason; a file it cannot read at all is an error."""
     from partita.planner.documents import load_document
     from partita.planner.planspec import read_spec
     from partita.planner.scenario import find_scenario_file
@@ -243,6 +272,13 @@ def plan_candidates(file, *, catalog, systems: Sequence[str], objective: str = "
             frames.append(pd.DataFrame([row]))
             continue
         frames.append(result.table())
+        skipped = [n for n in result.notes                  # a system the search left out whole
+                   if any(n.startswith(f"{s} skipped: ") for s in systems)]
+        if skipped:
+            rows = [dict.fromkeys(CANDIDATE_COLUMNS) | dict(
+                system=n.split(" skipped: ", 1)[0], nodes=size.get("nodes"), pareto=False,
+                fits=False, error=n.split(" skipped: ", 1)[1]) for n in skipped]
+            frames.append(pd.DataFrame(rows))
     frame = pd.concat(frames, ignore_index=True)
     if gpus is not None:
         frame = frame[frame["gpus"].isna() | (frame["gpus"] >= gpus[0])]

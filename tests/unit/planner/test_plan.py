@@ -245,6 +245,20 @@ def test_plans_near_memory_capacity_are_flagged_as_simulate_flags_them():
     assert [c["near_memory_capacity"] for c in cands] == [False, True]
 
 
+def test_a_candidates_capacity_is_the_usable_memory_it_was_fitted_against():
+    """On A100 40GB the simulator fits against the 39.5 GiB CUDA leaves usable; the candidate (and
+    so plan's table and the compare report's 'does not fit: X of Y') says the same, not the 40 GiB
+    label."""
+    from partita.simulator.step import simulate
+    tiny = small(model__layers=2, model__hidden=256, model__heads=4, model__seq_len=256,
+                 cluster__gpus=8)
+    r = plan(tiny, catalog=CATALOG, systems=["p4d.24xlarge"], max_gpus=8)
+    best = next(c for c in r.candidates if c.ok)
+    assert best.memory_capacity_gib == pytest.approx(
+        simulate(best.scenario, CATALOG).memory_capacity_bytes / 2**30)
+    assert best.memory_capacity_gib == pytest.approx(39.5, abs=0.05)
+
+
 def test_the_summary_split_line_is_the_chosen_plans_not_another_plans():
     """The `split:` of plan's first line describes the best plan's layer split: its ILP split,
     or what refining its even split said; another plan's failed ILP split is not it."""

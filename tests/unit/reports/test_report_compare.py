@@ -115,6 +115,31 @@ def test_compare_plans_each_system_and_size_from_the_command_line(tmp_path):
     assert "1,000,000,000 tokens" in (out / "compare.md").read_text()
 
 
+def test_compare_lists_a_skipped_system_and_a_size_without_a_plan(tmp_path):
+    """A system whose GPU lacks the precision, and a node count on which nothing fits, are rows of
+    the page's not-usable table with the planner's reason (they used to raise in the page)."""
+    import yaml
+    doc = {"name": "gpt-6b", "model": {"arch": "gpt", "layers": 28, "hidden": 4096, "heads": 32,
+                                       "seq_len": 2048, "vocab": 50304},
+           "training": {"global_batch": 64, "precision": "bf16"}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "cmp"
+    assert main(["report", "compare", str(path), "--systems", "p3.16xlarge,g5.48xlarge",
+                 "--nodes", "1", "-o", str(out)]) == 0
+    bad = pd.read_csv(out / "not_usable.csv")
+    v100 = bad[bad["system"] == "p3.16xlarge"]
+    assert v100["reason"].str.contains("precision 'bf16' is not supported by v100-16gb").all()
+    assert (v100["plan"] == "no plan: the search on 1 node").all()
+    # alone, the V100 system has no plan at any size: the page says so and still renders
+    alone = tmp_path / "alone"
+    assert main(["report", "compare", str(path), "--systems", "p3.16xlarge", "--nodes", "1",
+                 "-o", str(alone)]) == 0
+    page = (alone / "compare.html").read_text()
+    assert "No usable candidate." in page and not list(alone.glob("*.png"))   # no figure drawn
+    assert "no plan: the search on 1 node" in (alone / "not_usable.csv").read_text()
+
+
 def test_compare_rejects_both_sizes_and_bad_budgets(tmp_path, capsys):
     for extra in (["--nodes", "1-2", "--gpus", "8-16"], ["--tokens", "-5"]):
         assert main(["report", "compare", "gpt2-xl-p3", "--systems", "p3.16xlarge",
