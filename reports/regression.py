@@ -189,12 +189,15 @@ def record_baseline(files: Sequence[str], *, catalog, sweep: Sequence[int],
                     note: Callable[[str], None] = _quiet) -> dict[str, Any]:
     """The baseline document of `files`; none: every shipped example. A named file must simulate;
     a shipped example that cannot here, or that names this machine (`local`), is skipped with a
-    note. `progress` hears each file before it is simulated."""
+    note. `progress` hears each file before it is simulated, when there is more than one (a
+    single named file's error is then the only line on stderr)."""
     from partita.planner.scenario import load_scenario
     explicit = bool(files)
     entries, problems = {}, []
-    for file in files or shipped_scenarios():
-        progress(f"recording {file}")
+    todo = list(files or shipped_scenarios())
+    for file in todo:
+        if len(todo) > 1:
+            progress(f"recording {file}")
         try:
             scenario = load_scenario(file)
             if not explicit and scenario.cluster.system.lower() == "local":

@@ -133,6 +133,16 @@ def test_refusals_touch_nothing(capsys, baseline, tmp_path):
     assert baseline.read_bytes() == before and not (tmp_path / "new.json").exists()
 
 
+def test_recording_one_bad_file_is_one_error_line(capsys, tmp_path):
+    """One named file: no progress line before its error (several files: one line each)."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\nmodel: {preset: gpt3-175b}\ncluster: {system: dgx-a100-80gb, "
+                   "gpus: 8}\ntraining: {global_batch: 8}\nparallel: {tensor: 8, context: 0}\n")
+    assert main(["check", str(tmp_path / "new.json"), "--record", str(bad)]) == 1
+    _, err = lines(capsys)
+    assert err == [f"error: {bad}: parallel.context: must be >= 1, got 0"]
+
+
 def test_a_scenario_on_part_of_a_node_has_no_node_sweep(tmp_path, capsys):
     import yaml
     doc = yaml.safe_load(open("data/scenarios/gpt2-xl-p3.yaml"))
