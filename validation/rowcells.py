@@ -132,6 +132,8 @@ def degrees(row: dict[str, str]) -> tuple[int, int, int, int]:
             raise Skip("incomplete", f"parallel degrees not stated ({col} = {row[col] or 'empty'!r})")
         if "assum" in rest or "if " in rest:
             raise Skip("incomplete", f"parallel layout not stated by the source ({col} = {row[col]!r})")
+        if value < 1:
+            raise Skip("inconsistent", f"{col} {row[col]!r}: a parallel degree is at least 1")
         out.append(value)
     cp = re.search(r"\bCP\s*=\s*(\d+)", row["other_parallelism"])
     return out[0], out[1], out[2], int(cp.group(1)) if cp else 1
@@ -281,6 +283,8 @@ def global_batch(row: dict[str, str], dp: int, seq_len: int, notes: list[str]) -
     text = row["global_batch"]
     value, _ = leading_int(text)
     if value is not None:
+        if value < 1:
+            raise Skip("inconsistent", f"global batch {text!r}: at least 1 sequence")
         return value
     per_dp = re.match(r"\s*(\d+)\s*seq per DP group", text)
     if per_dp:
@@ -303,6 +307,8 @@ def micro_batch(row: dict[str, str], rules: Rules, notes: list[str]) -> int | st
     the note to the caller, which knows the choice."""
     value, _ = leading_int(row["micro_batch"])
     if value is not None:
+        if value < 1:
+            raise Skip("inconsistent", f"micro_batch {row['micro_batch']!r}: at least 1 sequence")
         return value
     found = rules.setting(row, "micro_batch")
     if found is not None and found[0] == FASTEST:

@@ -18,6 +18,7 @@ from typing import Any
 
 from partita.planner.documents import read_text
 from partita.planner.errors import PartitaError, closest
+from partita.planner.modelspec import preset_dims
 from partita.planner.paths import VALIDATION_DIR
 from partita.planner.scenario import Scenario, parse_scenario
 from partita.validation import rowcells as cells
@@ -140,7 +141,8 @@ def build_document(row: dict[str, str], rules: Rules, notes: list[str], *,
     if global_batch % (micro * dp):
         raise Skip("inconsistent", f"global batch {global_batch} does not split into micro-batches of "
                    f"{micro} over dp={dp}")
-    recompute, recomputed = cells.recompute(row, rules, notes, layers=model["layers"], pipeline=pp)
+    layers = model["layers"] if "layers" in model else preset_dims(model["preset"]).layers
+    recompute, recomputed = cells.recompute(row, rules, notes, layers=layers, pipeline=pp)
     training = {"global_batch": global_batch, "micro_batch": micro,
                 "precision": cells.precision(row, rules, system, notes), "recompute": recompute}
     if recomputed is not None:

@@ -156,6 +156,8 @@ def _validate(args: argparse.Namespace) -> int:
     if args.memory:
         csv = csv if csv is not None else MEMORY_CSV
         split = split if split is not None else MEMORY_SPLIT
+    from partita.validation.rowmap import read_rows
+    read_rows(csv)                  # a file it cannot read is its one error line, before progress
     _progress("validate: simulating every published row ...")
     from partita.validation.frozen import withhold_step_times
     catalog = catalog_from_args(args)

@@ -125,6 +125,16 @@ def test_bad_input_is_one_error_line(capsys, tmp_path, argv, message):
     assert not (tmp_path / "x").exists()
 
 
+def test_validate_of_an_unreadable_csv_is_the_one_error_line(capsys, tmp_path):
+    """The file is read before the progress line, so its error is all stderr says."""
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"id,metric\n\x00\n")
+    assert main(["report", "validate", str(bad), "-o", str(tmp_path / "v")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {bad}: a NUL byte")
+    assert not (tmp_path / "v").exists()
+
+
 def test_output_path_that_is_a_file_is_refused(capsys, tmp_path):
     target = tmp_path / "file"
     target.write_text("mine")

@@ -516,6 +516,27 @@ def test_checkpointing_some_blocks_or_ops_is_not_selective_recompute(tmp_path, c
         assert m.document["training"]["recompute"] == expected
 
 
+def test_a_row_naming_a_preset_without_dims_maps_to_the_preset(tmp_path):
+    """Blank layers, hidden and heads with a preset's name: the preset's dims, its layer count
+    for the recompute settings (this raised a KeyError while mapping the row)."""
+    row = {**_user_row("preset"), "model": "Llama 2 7B", "layers": "", "hidden": "", "heads": "",
+           "seq_len": "4096", "recompute": "full", "global_batch": "64", "micro_batch": "1"}
+    m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
+    assert isinstance(m, MappedRow), m
+    assert m.document["model"] == {"preset": "llama2-7b", "seq_len": 4096}
+    assert m.document["training"]["recompute"] == "full"
+
+
+@pytest.mark.parametrize("col", ["micro_batch", "dp", "global_batch"])
+def test_a_zero_batch_or_degree_skips_the_row(tmp_path, col):
+    """A micro-batch, data degree or global batch of 0 in a user's CSV is an inconsistent row with
+    its reason (a zero micro-batch used to divide by zero while mapping the row)."""
+    row = {**_user_row("zero"), col: "0"}
+    m = map_row(read_rows(_user_csv(tmp_path, [row]))[0], load_rules())
+    assert isinstance(m, SkippedRow) and m.kind == "inconsistent" and col.replace("_", " ") in \
+        m.reason.replace("_", " ")
+
+
 @pytest.mark.parametrize("mem, kind", [("80", None), ("not stated", None), ("96", "hardware"), ("94", "hardware")])
 def test_an_h100_with_other_memory_is_not_the_catalogs_h100(tmp_path, mem, kind):
     """torchtitan's Grand Teton H100s (96 GB HBM2e, 500 W) are not the catalog's 80 GB SXM5."""
