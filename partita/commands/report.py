@@ -122,6 +122,11 @@ def _scaling(args: argparse.Namespace) -> int:
     if not reductions:
         raise PartitaError(f"--grad-reduce is empty; give one or more of {', '.join(GRAD_REDUCE)}")
     scenario, catalog = _load(args.file), catalog_from_args(args)
+    if scenario.parallel is None:         # the sweep keeps the plan's TP x PP x CP: it needs one
+        raise PartitaError(f"{scenario.origin}: no parallel section; the scaling report keeps "
+                           f"its TP x PP x CP and fills the nodes with data parallelism: run "
+                           f"`partita plan {scenario.origin} -o planned.yaml` and report on that, "
+                           "or add parallel: {tensor, pipeline, ...}")
     points = sweep(scenario, catalog, nodes, reductions, fixed_batch=args.fixed_batch,
                    progress=_progress)
     return _finish(scaling_report(scenario, points, system=scenario.cluster.system,

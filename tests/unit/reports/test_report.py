@@ -125,6 +125,20 @@ def test_bad_input_is_one_error_line(capsys, tmp_path, argv, message):
     assert not (tmp_path / "x").exists()
 
 
+def test_scaling_of_a_scenario_without_a_plan_is_one_error_line(capsys, tmp_path):
+    """The sweep keeps the plan's TP x PP x CP, so a scenario `partita plan` has not completed
+    is refused up front (it raised an AttributeError in the page)."""
+    src = tmp_path / "open.yaml"
+    src.write_text(yaml.safe_dump({"name": "open", "model": {"preset": "gpt2-xl"},
+                                   "cluster": {"system": "p4d.24xlarge", "gpus": 8},
+                                   "training": {"global_batch": 64}}))
+    assert main(["report", "scaling", str(src), "--nodes", "1-2", "-o", str(tmp_path / "s")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: {src}: no parallel section") \
+        and "partita plan" in err[0]
+    assert not (tmp_path / "s").exists()
+
+
 def test_validate_of_an_unreadable_csv_is_the_one_error_line(capsys, tmp_path):
     """The file is read before the progress line, so its error is all stderr says."""
     bad = tmp_path / "bad.csv"
