@@ -13,8 +13,8 @@ from typing import Any
 from partita.planner.documents import Checker, load_document
 from partita.planner.enums import (ARCHS, ATTENTION, BLOCK_SCALED_ARCHS, CP_COMM_TYPES,
                                    FLASH_KERNELS, FP8_RECIPES, FRAMEWORKS, GRAD_REDUCE, NORM_FORMS,
-                                   OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE, REDUCE_DTYPES, ROPE_FORMS, SCHEDULES,
-                                   UNPAD_FORMS)
+                                   OPTIMIZER_IMPLS, OPTIMIZERS, PRECISIONS, RECOMPUTE,
+                                   REDUCE_DTYPES, ROPE_FORMS, SCHEDULES, UNPAD_FORMS)
 from partita.planner.errors import PartitaError
 from partita.planner.layout import LayoutError, layout_stages
 from partita.planner.modelspec import ModelSpec, TransformerDims, preset_names

@@ -142,9 +142,8 @@ def problems_table(frame: pd.DataFrame) -> pd.DataFrame:
                       f"{r['memory_capacity_gib']:.1f} GiB")
         else:
             continue
-        gpus = r["gpus"]
-        rows.append({"system": r["system"], "gpus": "" if gpus is None or pd.isna(gpus) else int(gpus),
-                     "plan": _plan_or_search(r),
+        gpus = "" if r["gpus"] is None or pd.isna(r["gpus"]) else int(r["gpus"])
+        rows.append({"system": r["system"], "gpus": gpus, "plan": _plan_or_search(r),
                      "reason": reason})
     return pd.DataFrame(rows, columns=["system", "gpus", "plan", "reason"])
 
