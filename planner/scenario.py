@@ -571,8 +571,8 @@ def fp8_recipe_problem(training: TrainingSpec, gpu) -> str | None:
         return None
     return (f"training.fp8_recipe: mxfp8 needs a GPU whose tensor cores run block-scaled fp8 "
             f"(catalog arch {' or '.join(BLOCK_SCALED_ARCHS)}, e.g. b200), but {gpu.name} is "
-            f"{'of arch ' + repr(arch) if arch else 'without an arch in the catalog'}; use "
-            f"fp8_recipe delayed or current")
+            + (f"of arch {arch!r}" if arch else "without an arch in the catalog (its entry's "
+               "`arch: blackwell` says it is one)") + "; use fp8_recipe delayed or current")
 
 
 def check_kernel_forms(training: TrainingSpec, dims: TransformerDims | None,

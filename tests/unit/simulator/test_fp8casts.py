@@ -294,3 +294,30 @@ def test_mxfp8_needs_a_blackwell_gpu():
                                            "cores run block-scaled fp8 .* h100-80gb is of arch "
                                            "'hopper'"):
         simulate(parse_scenario(doc), load_catalog())
+
+
+def test_mxfp8_on_a_users_catalog_gpu_follows_its_arch(tmp_path):
+    """A GPU added by --catalog runs MXFP8 when its entry says `arch: blackwell`; without an arch
+    the error names the key that would say so."""
+    def catalog(arch: str | None):
+        gpu = {"name": "my-b300", "family": "b200", "memory_gib": 270, "mem_bw_GBps": 8000,
+               "peak_dense_tflops": {"bf16": 2250, "fp8": 4500}, "nvlink_unidir_GBps": 900,
+               "source": ["test"]} | ({"arch": arch} if arch else {})
+        node = {"name": "my-node", "kind": "onprem", "gpu": "my-b300", "gpus_per_node": 8,
+                "intra_node": {"kind": "nvswitch", "unidir_GBps": 900, "latency_us": 3},
+                "inter_node": {"kind": "none"}, "vcpus": 224, "host_memory_gib": 4096,
+                "price": {"on_demand_usd_per_hour": None, "sagemaker_usd_per_hour": None,
+                          "spot_usd_per_hour": None, "date": "2026-12-01", "sagemaker_date": None,
+                          "region": None, "source": ["none"]},
+                "source": ["test"]}
+        path = tmp_path / f"cat-{arch}.yaml"
+        path.write_text(yaml.safe_dump({"gpus": [gpu], "systems": [node]}))
+        return load_catalog(path)
+    doc = {"name": "mx", "model": {"preset": "llama2-7b"}, "cluster": {"system": "my-node", "gpus": 8},
+           "training": {"global_batch": 16, "micro_batch": 1, "precision": "fp8",
+                        "fp8_recipe": "mxfp8"},
+           "parallel": {"tensor": 8, "pipeline": 1, "data": 1}}
+    assert simulate(parse_scenario(doc), catalog("blackwell")).step_time_s > 0
+    with pytest.raises(PartitaError, match="my-b300 is without an arch in the catalog \\(its "
+                                           "entry's `arch: blackwell` says it is one\\)"):
+        simulate(parse_scenario(doc), catalog(None))
