@@ -102,7 +102,6 @@ SCALE = 12                          # nvte_compute_scale_from_amax: reads the fp
 MX_BLOCK = 32                       # MXFP8: elements per E8M0 scale (1 byte), along one direction
 MX_BOTH = BF16 + 2 * FP8 + 2 * FP8 / MX_BLOCK   # read bf16, write row- and column-wise fp8 and scales
 MX_ROWWISE = FP8 + FP8 / MX_BLOCK   # bytes per element of one direction's data with its scales
-RECIPES = FP8_RECIPES
 WEIGHT_CACHE = 2 * FP8              # a cached fp8 weight and its transpose, per weight element
 # The GEMMs (planner.inventory names) by what feeds them and how tensor parallelism splits them.
 NORM_FED = ("qkv", "cross_q", "mlp_up")         # LayerNormLinear / LayerNormMLP's first linear
@@ -199,8 +198,8 @@ def block_casts(dims: TransformerDims, micro_batch: int, tp: int = 1, cp: int = 
                 sp: bool = False, *, decoder: bool = False, recipe: str = "delayed") -> Fp8Casts:
     """Transformer Engine's fp8 casts of one block (a T5 decoder block with `decoder`) for one
     micro-batch on one TP rank under the scaling `recipe` (see the module docstring)."""
-    if recipe not in RECIPES:
-        raise PartitaError(f"training.fp8_recipe: expected one of {', '.join(RECIPES)}, "
+    if recipe not in FP8_RECIPES:
+        raise PartitaError(f"training.fp8_recipe: expected one of {', '.join(FP8_RECIPES)}, "
                            f"got {recipe!r}")
     kind = inventory.block_kind(dims, decoder)
     gemms = inventory.block(dims, kind=kind, micro_batch=micro_batch, tensor=tp, context=cp).gemms

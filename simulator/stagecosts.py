@@ -18,7 +18,8 @@ block the compute stream:
 - fp8: under delayed scaling each chunk's forward and backward end with an all-reduce of the
   amaxes over the stage's tensor x context x data ranks (`simulator.fp8amax`); under current
   scaling with sequence parallelism each fp8 all-gather waits for an amax all-reduce over the TP
-  group (`simulator.fp8casts`), counted with the TP communication.
+  group (`simulator.fp8casts`), counted with the TP communication; under MXFP8 the backward's
+  gathers carry both directions of the row-parallel gradients (`fp8casts.gathered_bytes`).
 The result keeps the parts apart so the step summary can say where the time went.
 """
 from __future__ import annotations
