@@ -14,6 +14,14 @@ published or chosen and is read from the file as it stands (DeepSpeed's ZeRO-3 c
 is no longer fitted: `simulator.overheads` says why). A row only reads the parameters of its GPU
 family, precision and framework, so its prediction is cached on those values: a finite-difference
 column for the V100 fraction re-simulates the V100 rows only.
+
+A family gets a number of its own only where rows of at least `MIN_FAMILY_SOURCES` sources run on
+it: one source's rows cannot tell the family's matmul rate from that source's own conditions (its
+code, its cluster, how it timed the step), and a leave-one-source-out fold could not test it. A
+family with rows of one source takes the median of the families fitted, as a family without rows
+does, and its rows do not enter the objective (#16: the V100 fraction, fitted on DLEBERT alone
+with SHO19 left out, gave SHO19's rows -12 to -17%). Rows of one source only (a user's file) fit
+every family they run on.
 """
 from __future__ import annotations
 
@@ -35,6 +43,7 @@ if TYPE_CHECKING:        # the rows come from partita.validation, which imports 
     from partita.validation.rowmap import MappedRow
 
 DELTA = 0.1
+MIN_FAMILY_SOURCES = 2     # sources whose rows must run on a GPU family for it to get a number
 SUSTAINED = "sustained_matmul_fraction"
 
 
@@ -167,10 +176,21 @@ def fit(rows: Sequence[MappedRow], catalog, *, predictor: Predictor | None = Non
     families = fitted_families(catalog if catalog is not None else load_catalog(),
                                (pred.gpu_family(m) for m in rows), base.sustained_by_family)
     every = params(families)
-    # A GPU family no row runs on is not fitted: it gets the median of the fitted families, as the
-    # simulator gives a family without rows (`Overheads.sustained_default`).
-    seen = {f for f in families.fitted for m in rows if pred.gpu_family(m) == f}
+    # A GPU family that no row, or the rows of one source only, run on is not fitted: it gets the
+    # median of the fitted families, as the simulator gives a family without rows
+    # (`Overheads.sustained_default`), and its rows stay out of the objective.
+    def family(m: MappedRow) -> str | None:          # a same-chip family's rows count for its chip
+        f = pred.gpu_family(m)
+        return families.copies.get(f, f)
+
+    sources: dict[str | None, set[str]] = {}
+    for m in rows:
+        sources.setdefault(family(m), set()).add(m.source_key)
+    seen = {f for f in families.fitted if len(sources.get(f, ())) >= MIN_FAMILY_SOURCES}
+    if not seen:                 # rows of one source only (a user's file): each family it runs on
+        seen = {f for f in families.fitted if f in sources}
     unseen = [f"{SUSTAINED}.{f}" for f in families.fitted if f not in seen]
+    rows = [m for m in rows if family(m) in seen or family(m) not in families.fitted]
     free = [p for p in every if p.name not in unseen]
     start = np.array([p.start for p in free])
     low = np.array([p.low for p in free])

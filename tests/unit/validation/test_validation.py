@@ -856,7 +856,8 @@ def test_fit_recovers_a_fraction_and_gives_unseen_families_the_median():
         def errors(self, rows, oh):
             return {m.row_id: oh.sustained("a100") / 0.8 * m.scale - 1.0 for m in rows}
 
-    rows = [SimpleNamespace(row_id=f"R{i}", scale=s) for i, s in enumerate((0.98, 1.0, 1.02))]
+    rows = [SimpleNamespace(row_id=f"R{i}", source_key="S", scale=s)
+            for i, s in enumerate((0.98, 1.0, 1.02))]
     result = fit(rows, catalog=None, predictor=Stub())
     v = result.values
     assert v["sustained_matmul_fraction.a100"] == pytest.approx(0.8, abs=0.01)
