@@ -194,8 +194,10 @@ def _block_attention_flops(dims: TransformerDims, micro_batch: int, tp: int,
 
 def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int, precision: str,
                        gpu: GPU, g: GpuCalibration, eager: bool = False,
-                       softmax_fp32: bool = False) -> tuple[float, float]:
-    """Forward and backward seconds of attention with a stored score matrix (no causal skip).
+                       softmax_fp32: bool = False) -> tuple[float, float, float, float]:
+    """Forward and backward seconds of attention with a stored score matrix (no causal skip), and
+    the batched GEMMs' share of each (cuBLAS matmuls, which a training run sustains as it does the
+    block's other GEMMs: `simulator.stagecosts.sustained`).
 
     QK^T and PV run as batched GEMMs (stacked here: same FLOPs, one launch; each matrix reads
     its own K or V, `_gemm`'s `batch`); the scores
@@ -221,6 +223,7 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
     fwd = (_gemm(*qk[1:], gpu, precision, g, batch=batch)
            + _gemm(*pv[1:], gpu, precision, g, batch=batch))
     bwd = 2 * fwd
+    matmul_f, matmul_b = fwd, bwd
     if eager:
         f = 4 if softmax_fp32 else e                  # element bytes of the scale-mask-softmax chain
         casts = (e + 4, 4 + e) if softmax_fp32 and e != 4 else ()
@@ -231,7 +234,7 @@ def _unfused_attention(dims: TransformerDims, micro_batch: int, tp: int, cp: int
     else:
         fwd += _elementwise(scores * (2 * e + 2 * e + 1), gpu, g)
         bwd += _elementwise(scores * (3 * e + 1 + 3 * e), gpu, g)
-    return fwd, bwd
+    return fwd, bwd, matmul_f, matmul_b
 
 
 # ---- layers ----
@@ -273,14 +276,14 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
         gemm_i += _gemm(gm.m, gm.k, gm.n, gpu, precision, g)     # dX = dY @ W^T
         gemm_w += _gemm(gm.k, gm.n, gm.m, gpu, precision, g)     # dW = X^T @ dY
     causal = dims.arch in ("gpt", "llama") or decoder
+    attn_mm_f = attn_mm_b = 0.0       # unfused attention's batched GEMMs (in attn_f, attn_b)
     if attention in ("unfused", "eager"):
         eager = attention == "eager"
-        attn_f, attn_b = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager,
-                                            softmax_fp32)
-        if decoder:
-            f2, b2 = _unfused_attention(dims, micro_batch, tp, cp, precision, gpu, g, eager,
-                                        softmax_fp32)
-            attn_f, attn_b = attn_f + f2, attn_b + b2
+        attn_f, attn_b, attn_mm_f, attn_mm_b = _unfused_attention(
+            dims, micro_batch, tp, cp, precision, gpu, g, eager, softmax_fp32)
+        if decoder:                     # cross-attention: the same score matrix
+            attn_f, attn_b, attn_mm_f, attn_mm_b = (2 * x for x in (attn_f, attn_b, attn_mm_f,
+                                                                    attn_mm_b))
     else:
         flops = _block_attention_flops(dims, micro_batch, tp, cp)
         # Each kernel runs over seq/cp keys (context parallelism's ring hands it one chunk a step).
@@ -316,6 +319,8 @@ def layer_times(dims: TransformerDims, micro_batch: int, tp: int, sp: bool, cp: 
     parts = {"gemm_fwd": gemm_f, "attention_fwd": attn_f, "elementwise_fwd": ew_f,
              "gemm_bwd_input": gemm_i, "gemm_bwd_weight": gemm_w, "attention_bwd": attn_b,
              "elementwise_bwd": ew_b}
+    if attn_mm_f:
+        parts["attention_matmul_fwd"], parts["attention_matmul_bwd"] = attn_mm_f, attn_mm_b
     if recompute in ("selective", "selective-op"):     # what the recompute re-runs, by kind
         parts["recompute_gemm"] = redo_gemm
         parts["recompute_attention"] = attn_f if recompute == "selective" else 0.0

@@ -61,7 +61,7 @@ class Overheads:
     fp8_matmul_fraction: float = 1.0   # fp8 GEMMs sustain this much of their own sweep on top
                                        # (scaling, clocks; the casts and transposes around them
                                        # are kernels of their own: simulator.fp8casts)
-    attention_fraction: float = 1.0    # fused attention kernels, on top of the matmul fraction
+    attention_fraction: float = 1.0    # flash attention kernels, of their kernel benchmark
     framework_fraction: dict[str, float] = field(default_factory=dict, hash=False)
     zero3_collective_fraction: dict[str, float] = field(default_factory=dict, hash=False)
     overlap_slowdown: float = 0.0      # kernels run (1 + this) slower beside a running collective
