@@ -65,20 +65,20 @@ def sustained(lt: LayerTimes, oh: Overheads, gpu: GPU, precision: str,
     """A layer's times with its matmuls and attention at the rates a training run sustains, and a
     fixed per-layer cost.
 
-    Matmuls run at `Overheads.matmul_fraction` of their sweep: the GPU family's sustained fraction
-    (fitted), the fp8 one for fp8, the framework's. A flash attention kernel runs at its own
-    kernel benchmark (compute.yaml: FlashAttention-2's, v1's, cuDNN's rates at the kernel's
-    sequence length and head dimension) times `Overheads.attention_fraction` and the framework's,
-    not at the GEMMs' sustained fraction: measured, the FlashAttention (v1) and FlashAttention-2
-    columns of Dao 2023, Table 1 (the same GPT3-1.3B training at 8k tokens, 170 and 220 model
-    TFLOP/s: 16.9 us per token apart) differ by the two kernels' benchmark times (19.8 us per
-    token), not by those times over the A100's fraction (25.8 at the 0.768 fitted then). Unfused
-    attention (batched GEMMs around the stored scores, their softmax and dropout;
-    `attention_matmul_*` is the GEMMs' share) keeps the family's fraction over all of it, GEMMs and memory-bound kernels alike: with the
-    fraction on its GEMMs alone the 2019-2021 runs that use it (SHO19, DLEBERT, NAR21) come out
-    faster than measured (leave-one-source-out 5.7% median, 12.2% p90, against 4.4 and 11.7): its
-    memory-bound kernels run slower in training than the bandwidth model prices them, and the
-    fraction stands in for that."""
+    Matmuls run at `Overheads.matmul_fraction` of their sweep: the GPU family's sustained
+    fraction (fitted), the fp8 one for fp8, the framework's. A flash attention kernel runs at
+    its own kernel benchmark (compute.yaml: FlashAttention-2's, v1's, cuDNN's rates at the
+    kernel's sequence length and head dimension) times `Overheads.attention_fraction` and the
+    framework's, not at the GEMMs' sustained fraction: measured, the FlashAttention (v1) and
+    FlashAttention-2 columns of Dao 2023, Table 1 (the same GPT3-1.3B training at 8k tokens, 170
+    and 220 model TFLOP/s: 16.9 us per token apart) differ by the two kernels' benchmark times
+    (19.8 us per token), not by those times over the A100's fraction (25.8 at the 0.768 fitted
+    then). Unfused attention (batched GEMMs around the stored scores, their softmax and dropout;
+    `attention_matmul_*` is the GEMMs' share) keeps the family's fraction over all of it, GEMMs
+    and memory-bound kernels alike: with the fraction on its GEMMs alone the 2019-2021 runs that
+    use it (SHO19, DLEBERT, NAR21) come out faster than measured (leave-one-source-out 5.7%
+    median, 12.2% p90, against 4.4 and 11.7): its memory-bound kernels run slower in training
+    than the bandwidth model prices them, and the fraction stands in for that."""
     slow_g = 1.0 / oh.matmul_fraction(gpu, precision, framework) - 1.0
     slow_u = 1.0 / (oh.sustained(gpu.family) * oh.framework(framework)) - 1.0
     slow_k = 1.0 / (oh.framework(framework) * oh.attention_fraction) - 1.0

@@ -1,7 +1,7 @@
-"""What a training run's sustained fractions apply to (simulator/stagecosts.py `sustained`): the
-GEMMs at the GPU family's fraction; a flash attention kernel at its own benchmark (Dao 2023, Table 1:
-FlashAttention v1 and v2 runs differ by the kernels' benchmark times); unfused attention, GEMMs and
-memory-bound kernels alike, at the family's fraction."""
+"""What a training run's sustained fractions apply to (simulator/stagecosts.py `sustained`):
+the GEMMs at the GPU family's fraction; a flash attention kernel at its own benchmark (Dao 2023,
+Table 1: FlashAttention v1 and v2 runs differ by the kernels' benchmark times); unfused
+attention, GEMMs and memory-bound kernels alike, at the family's fraction."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -36,7 +36,7 @@ def test_flash_kernels_keep_their_benchmark_and_gemms_take_the_family_fraction(a
     gemm_f, attn_f = p["gemm_fwd"], p["attention_fwd"]
     assert out.fwd_s == pytest.approx(lt.fwd_s + gemm_f)                 # GEMMs twice as long
     assert out.bwd_input_s == pytest.approx(lt.bwd_input_s + p["gemm_bwd_input"])
-    assert attn_f > 0.1 * lt.fwd_s                                       # attention is there, unscaled
+    assert attn_f > 0.1 * lt.fwd_s                  # attention is there, and unscaled
     # an attention fraction below 1 does slow the kernel
     slower = sustained(lt, replace(oh, attention_fraction=0.5), GPU, "bf16")
     assert slower.fwd_s == pytest.approx(out.fwd_s + attn_f)
